@@ -1,0 +1,83 @@
+"""Model configs the package builds itself: no hub, no weights.
+
+`write_config(folder, preset)` writes a `config.json` that vLLM and transformers load
+offline. Presets are Qwen3.5-family hybrids (Gated DeltaNet : full attention = 3 : 1).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# text_config fields; "layers" is the number of decoder layers (every 4th is full attention).
+PRESETS: dict[str, dict[str, Any]] = {
+    # Qwen3.6-27B-like: 64 layers = 16 full attention + 48 GDN, hidden 5120.
+    "qwen3.6-27b-like": dict(
+        layers=64, hidden_size=5120, intermediate_size=17408, num_attention_heads=24,
+        num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
+        vocab_size=248320, max_position_embeddings=262144,
+    ),
+    # A tiny random hybrid for quick runs and GPU proofs (heads divisible by 2 for TP=2).
+    "tiny": dict(
+        layers=8, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+        vocab_size=1024, max_position_embeddings=4096,
+    ),
+}
+
+
+def text_config(preset: str) -> dict[str, Any]:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    p = dict(PRESETS[preset])
+    layers = p.pop("layers")
+    return {
+        "model_type": "qwen3_5_text",
+        "num_hidden_layers": layers,
+        "layer_types": [
+            "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)
+        ],
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "linear_conv_kernel_dim": 4,
+        "rope_parameters": {
+            "rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10], "mrope_interleaved": True,
+        },
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
+        **p,
+    }
+
+
+def config_dict(preset: str, multimodal: bool = True) -> dict[str, Any]:
+    text = text_config(preset)
+    if not multimodal:
+        return {**text, "architectures": ["Qwen3_5ForCausalLM"]}
+    hidden = text["hidden_size"]
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text,
+        "vision_config": {
+            "model_type": "qwen3_5", "depth": 2, "hidden_size": 64, "intermediate_size": 128,
+            "num_heads": 2, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "out_hidden_size": hidden, "num_position_embeddings": 64,
+        },
+        "image_token_id": text["vocab_size"] - 4,
+        "video_token_id": text["vocab_size"] - 3,
+        "vision_start_token_id": text["vocab_size"] - 2,
+        "vision_end_token_id": text["vocab_size"] - 1,
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
+    }
+
+
+def write_config(folder: str | Path, preset: str = "tiny", multimodal: bool = True) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config_dict(preset, multimodal), indent=2))
+    return folder

@@ -1,0 +1,148 @@
+"""vLLM's own KV-cache planning for a model config, on the CPU (used by `doctor` and tests).
+
+Everything here calls vLLM's real classes: `EngineArgs` builds the config, the platform's
+hybrid block-size alignment sizes attention blocks against the Mamba/GDN state as it does
+at GPU start-up, the extraction layer is vLLM's `CacheOnlyAttentionLayer`, and
+`get_kv_cache_configs` plans the groups. Call `speculators_hybrid.cpu.prepare()` first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+GPU_DEFAULT_BLOCK = 16  # vLLM's default block size on CUDA before backend/hybrid alignment
+
+
+@dataclass(frozen=True)
+class Setup:
+    model: str
+    layer_ids: tuple[int, ...] | None = (2, 32, 61, 64)  # None: no extraction
+    tp: int = 1
+    prefix_caching: bool = False
+    max_model_len: int = 262144
+    language_model_only: bool = True
+
+
+def extraction_args(layer_ids: tuple[int, ...], storage: str = "/tmp/hidden_states") -> dict[str, Any]:
+    """The `speculative_config` and `kv_transfer_config` speculators' launcher passes."""
+    return {
+        "speculative_config": {
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+        },
+        "kv_transfer_config": {
+            "kv_connector": "ExampleHiddenStatesConnector",
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": storage},
+        },
+    }
+
+
+def engine_config(setup: Setup) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    extra = extraction_args(setup.layer_ids) if setup.layer_ids else {}
+    args = EngineArgs(
+        model=setup.model,
+        skip_tokenizer_init=True,
+        max_model_len=setup.max_model_len,
+        enable_prefix_caching=setup.prefix_caching,
+        language_model_only=setup.language_model_only,
+        **extra,
+    )
+    config = args.create_engine_config()
+    # Tensor parallelism changes only per-rank head counts here; no process group is needed.
+    config.parallel_config.tensor_parallel_size = setup.tp
+    return config
+
+
+def align_for_gpu(config: Any) -> None:
+    """Block sizes as a CUDA start-up with FlashAttention sets them after model load."""
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+    if config.model_config.is_hybrid:
+        Platform._align_hybrid_block_size(config, FlashAttentionBackend)
+
+
+def hidden_state_layer(config: Any) -> tuple[str, Any]:
+    """vLLM's own extraction layer, built as `ExtractHiddenStatesModel` builds it."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
+
+    ids = config.speculative_config.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids
+    n = config.model_config.get_total_num_hidden_layers()
+    name = f"cache_only_layers.{n}"
+    config.compilation_config.static_forward_context.pop(name, None)
+    with set_current_vllm_config(config):
+        layer = CacheOnlyAttentionLayer(
+            num_heads=len(ids), head_size=config.model_config.get_hidden_size(), prefix=name
+        )
+    return name, layer
+
+
+def model_layer_specs(config: Any) -> dict[str, Any]:
+    """Per-layer specs of the target's own layers, as its attention and GDN layers report them."""
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    model = config.model_config
+    cache = config.cache_config
+    text = model.hf_text_config
+    model_cls, _ = ModelRegistry.resolve_model_cls(model.architecture, model_config=model)
+    mamba = dict(
+        shapes=tuple(model_cls.get_mamba_state_shape_from_config(config)),
+        dtypes=model_cls.get_mamba_state_dtype_from_config(config),
+        block_size=cache.mamba_block_size,
+        page_size_padded=cache.mamba_page_size_padded,
+        mamba_type="gdn_attention",
+        mamba_cache_mode=cache.mamba_cache_mode,
+        num_speculative_blocks=(
+            config.speculative_config.num_speculative_tokens if config.speculative_config else 0
+        ),
+    )
+    specs: dict[str, Any] = {}
+    for i, kind in enumerate(text.layer_types):
+        if kind == "full_attention":
+            specs[f"model.layers.{i}.self_attn.attn"] = FullAttentionSpec(
+                block_size=cache.block_size,
+                num_kv_heads=model.get_num_kv_heads(config.parallel_config),
+                head_size=model.get_head_size(),
+                dtype=model.dtype,
+            )
+        else:
+            specs[f"model.layers.{i}.linear_attn"] = MambaSpec(**mamba)
+    return specs
+
+
+def layer_specs(config: Any) -> dict[str, Any]:
+    """All per-layer KV-cache specs one GPU worker would report, extraction layer included.
+
+    Order as on the GPU: layers are built with the default block size, then aligned.
+    """
+    cache = config.cache_config
+    cache.block_size = GPU_DEFAULT_BLOCK
+    if cache.mamba_cache_mode == "align":
+        cache.mamba_block_size = GPU_DEFAULT_BLOCK
+    hidden = hidden_state_layer(config) if config.speculative_config else None
+    align_for_gpu(config)
+    specs = model_layer_specs(config)
+    if hidden is not None:
+        name, layer = hidden
+        specs[name] = layer.get_kv_cache_spec(config)
+    return specs
+
+
+def plan(config: Any, specs: dict[str, Any], memory_bytes: int) -> Any:
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+
+    return get_kv_cache_configs(config, [dict(specs)], [memory_bytes])[0]
+
+
+def max_request_bytes(config: Any, kv_cache_config: Any) -> int:
+    """Bytes vLLM's planner reserves for one request of `max_model_len` tokens."""
+    from vllm.v1.core import kv_cache_utils
+
+    return kv_cache_utils._max_memory_usage_bytes_from_groups(config, kv_cache_config.kv_cache_groups)

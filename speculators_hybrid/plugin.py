@@ -1,0 +1,65 @@
+"""vLLM general plugin: arms our patches in every vLLM process.
+
+vLLM calls `register()` once per process (API server, engine core, each worker) through the
+`vllm.general_plugins` entry point; `VLLM_PLUGINS` (vLLM's allow-list) applies as usual.
+`SPECULATORS_HYBRID_DISABLE=1` turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from speculators_hybrid.registry import Patch, Patcher
+from speculators_hybrid.versions import installed
+
+logger = logging.getLogger("vllm.speculators_hybrid")
+
+PATCHER = Patcher(version_of=installed)
+
+_ROLES = (
+    ("init_worker", "worker"),
+    ("EngineCore", "engine-core"),
+    ("EngineArgs", "frontend"),
+)
+
+
+def disabled() -> bool:
+    return os.environ.get("SPECULATORS_HYBRID_DISABLE", "").strip().lower() in ("1", "true", "yes")
+
+
+def role() -> str:
+    """Which vLLM process is loading us, from the caller's frames."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_name
+        qual = getattr(frame.f_code, "co_qualname", name)
+        for marker, label in _ROLES:
+            if marker in qual:
+                return label
+        frame = frame.f_back  # type: ignore[assignment]
+    return "unknown"
+
+
+def vllm_patches() -> tuple[Patch, ...]:
+    from speculators_hybrid.vllm_patches import PATCHES
+
+    return PATCHES
+
+
+def register() -> None:
+    if disabled():
+        logger.info("speculators-hybrid: disabled by SPECULATORS_HYBRID_DISABLE, pid=%d", os.getpid())
+        return
+    version = installed("vllm")
+    if version is None:
+        return
+    selected = PATCHER.apply(vllm_patches())
+    logger.info(
+        "speculators-hybrid: pid=%d role=%s vllm=%s patches=%s",
+        os.getpid(),
+        role(),
+        version,
+        ",".join(p.id for p in selected) or "none",
+    )

@@ -1,0 +1,180 @@
+"""The patch framework: declare, select by version, verify, apply, revert.
+
+A `Patch` names its targets (module + attribute), the project versions that need it,
+the upstream change that fixes it, and a fingerprint of every target it replaces.
+Applying is lazy: a post-import hook fires when a target module is imported (or at once
+if it already is), so import order does not matter. It fails closed: if any target of
+the selected set is missing or changed, every target this process already patched is
+restored and `PatchError` says which function, which version and what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import wrapt
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from speculators_hybrid.fingerprint import fingerprint, resolve
+
+logger = logging.getLogger("vllm.speculators_hybrid")
+
+# wrapt-style wrapper: (wrapped, instance, args, kwargs) -> result
+Wrapper = Callable[[Any, Any, tuple, dict], Any]
+
+
+class PatchError(RuntimeError):
+    """A target of a selected patch is missing or is not the code the patch was written for."""
+
+
+@dataclass(frozen=True)
+class Target:
+    module: str
+    attr: str  # "name" or "Class.name"
+    wrapper: Wrapper
+    # Accepted fingerprints of the original code, one per distinct upstream version.
+    fingerprints: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}:{self.attr}"
+
+
+@dataclass(frozen=True)
+class Patch:
+    id: str
+    project: str  # distribution whose version gates the patch, e.g. "vllm"
+    versions: str  # PEP 440 specifier of the versions that need it
+    fixed_upstream: str  # the change that fixes it upstream and where it ships, or "none yet"
+    why: str
+    targets: tuple[Target, ...]
+
+    def needed_for(self, version: str | None) -> bool:
+        if version is None:
+            return False
+        return base_version(version) in SpecifierSet(self.versions)
+
+
+def base_version(version: str) -> Version:
+    """`0.20.1+cu130` and `0.21.1.dev3` are gated as their release, `0.20.1` / `0.21.1`."""
+    try:
+        return Version(Version(version).base_version)
+    except InvalidVersion as exc:
+        raise PatchError(f"cannot read version {version!r}: {exc}") from exc
+
+
+@dataclass
+class _Applied:
+    owner: Any
+    name: str
+    original: Any
+
+
+@dataclass
+class Patcher:
+    """Applies one set of patches in this process. `PATCHER` is the process-wide one."""
+
+    version_of: Callable[[str], str | None]
+    selected: list[Patch] = field(default_factory=list)
+    active: bool = False
+    failed: PatchError | None = None
+    _applied: dict[str, _Applied] = field(default_factory=dict)  # target name -> original
+    _hooked: set[str] = field(default_factory=set)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def select(self, patches: Iterable[Patch]) -> list[Patch]:
+        return [p for p in patches if p.needed_for(self.version_of(p.project))]
+
+    def apply(self, patches: Iterable[Patch]) -> list[Patch]:
+        """Arm the patches this install needs. Idempotent; returns the selected ones."""
+        with self._lock:
+            if self.active:
+                return self.selected
+            if self.failed is not None:
+                raise self.failed
+            self.selected = self.select(patches)
+            self.active = True
+            for module in sorted({t.module for p in self.selected for t in p.targets}):
+                if module not in self._hooked:
+                    self._hooked.add(module)
+                    wrapt.register_post_import_hook(self._on_import, module)
+            return self.selected
+
+    def revert(self) -> None:
+        """Restore every original. The hooks stay registered but do nothing until `apply`."""
+        with self._lock:
+            for applied in reversed(list(self._applied.values())):
+                setattr(applied.owner, applied.name, applied.original)
+            self._applied.clear()
+            self.active = False
+            self.selected = []
+            self.failed = None
+
+    def applied(self) -> list[str]:
+        """Ids of the patches whose every target is patched in this process."""
+        with self._lock:
+            return [
+                p.id for p in self.selected if all(t.name in self._applied for t in p.targets)
+            ]
+
+    def original(self, target: Target) -> Any:
+        with self._lock:
+            return self._applied[target.name].original
+
+    def verify(self, patch: Patch, target: Target, module: Any) -> Any:
+        """Return the object `target` replaces, or raise `PatchError` naming what changed."""
+        version = self.version_of(patch.project)
+        found = resolve(module, target.attr)
+        if found is None:
+            raise PatchError(
+                f"speculators-hybrid patch {patch.id!r}: {target.name} does not exist in "
+                f"{patch.project} {version}. The patch was written for {patch.project} "
+                f"{patch.versions}; nothing was patched. Install a {patch.project} version "
+                "from that range, upgrade speculators-hybrid, or set SPECULATORS_HYBRID_DISABLE=1 "
+                "to run without it."
+            )
+        owner, name, original = found
+        got = fingerprint(original)
+        if got not in target.fingerprints:
+            raise PatchError(
+                f"speculators-hybrid patch {patch.id!r}: {target.name} in {patch.project} "
+                f"{version} is not the code the patch replaces (fingerprint {got}, expected one "
+                f"of {', '.join(target.fingerprints)}). Nothing was patched. Your {patch.project} "
+                "may be a fork or a patched build: install a released version, upgrade "
+                "speculators-hybrid, or set SPECULATORS_HYBRID_DISABLE=1 to run without it."
+            )
+        return owner, name, original
+
+    def _on_import(self, module: Any) -> None:
+        with self._lock:
+            if not self.active:
+                return
+            todo = [
+                (p, t)
+                for p in self.selected
+                for t in p.targets
+                if t.module == module.__name__ and t.name not in self._applied
+            ]
+            try:
+                found = [(t, self.verify(p, t, module)) for p, t in todo]
+            except PatchError as exc:
+                self.revert()
+                self.failed = exc
+                logger.error("%s", exc)
+                raise
+            for target, (owner, name, original) in found:
+                setattr(owner, name, _wrap(original, target.wrapper))
+                self._applied[target.name] = _Applied(owner, name, original)
+
+
+def _wrap(original: Any, wrapper: Wrapper) -> Any:
+    if isinstance(original, staticmethod):
+        return staticmethod(wrapt.FunctionWrapper(original.__func__, wrapper))
+    if isinstance(original, classmethod):
+        return classmethod(wrapt.FunctionWrapper(original.__func__, wrapper))
+    return wrapt.FunctionWrapper(original, wrapper)

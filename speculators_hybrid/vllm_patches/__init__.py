@@ -1,0 +1,12 @@
+"""Runtime patches for vLLM, one module per patched area. `PATCHES` lists them all."""
+
+from __future__ import annotations
+
+from speculators_hybrid.registry import Patch
+from speculators_hybrid.vllm_patches import hidden_group, hma_config, hidden_write
+
+PATCHES: tuple[Patch, ...] = (
+    hma_config.PATCH,
+    hidden_group.PATCH,
+    hidden_write.PATCH,
+)

@@ -1,0 +1,242 @@
+"""A hidden-states connector for hybrid models, loaded by vLLM through `kv_connector_module_path`.
+
+Same contract as vLLM's `ExampleHiddenStatesConnector`: one safetensors file per request at
+`{shared_storage_path}/{req_id}.safetensors` holding `hidden_states` [tokens, ids, hidden]
+and `token_ids` (int64, the prompt), its path returned as
+`kv_transfer_params["hidden_states_path"]`. Differences: it supports several KV-cache groups
+(`SupportsHMA`) and reads the hidden-state group's blocks with that group's block size; it
+writes each file once, when the whole prompt has been computed (so a prompt longer than one
+prefill chunk still gives one complete file); one tensor-parallel rank writes; the file
+appears atomically (written aside, then renamed) while an exclusive `flock` is held on
+`<path>.lock`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    SupportsHMA,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger("vllm.speculators_hybrid")
+
+
+def slots_for(block_ids: list[int], block_size: int, num_tokens: int) -> torch.Tensor:
+    """Cache slot of each of the first `num_tokens` tokens, given a request's block ids."""
+    positions = torch.arange(num_tokens, dtype=torch.int64)
+    blocks = torch.tensor(block_ids, dtype=torch.int64)[positions // block_size]
+    return blocks * block_size + positions % block_size
+
+
+def read_slots(kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Rows of a [blocks, block_size, ids, hidden] cache view (page-padded or not)."""
+    block_size = kv_cache.shape[1]
+    slots = slots.to(kv_cache.device)
+    return kv_cache[slots // block_size, slots % block_size]
+
+
+def write_file(path: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Write `path` so that no reader sees it incomplete; hold `<path>.lock` meanwhile."""
+    from safetensors.torch import save_file
+
+    lock_path = f"{path}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        aside = f"{path}.{os.getpid()}.part"
+        try:
+            save_file(tensors, aside)
+            os.replace(aside, path)
+        finally:
+            if os.path.exists(aside):
+                os.unlink(aside)
+            os.unlink(lock_path)
+
+
+@dataclass
+class SaveRequest:
+    req_id: str
+    path: str
+    token_ids: list[int]
+    slots: torch.Tensor
+
+
+@dataclass
+class HiddenStatesMetadata(KVConnectorMetadata):
+    saves: list[SaveRequest] = field(default_factory=list)
+
+
+@dataclass
+class _Prompt:
+    path: str
+    token_ids: list[int]
+    block_ids: list[int]
+    saved: bool = False
+
+
+def hidden_group_index(kv_cache_config: KVCacheConfig | None) -> int:
+    """Index of the KV-cache group that holds the extraction layer's cache."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    if kv_cache_config is None:
+        raise ValueError("HybridHiddenStatesConnector needs the KV cache config")
+    from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec
+
+    groups = kv_cache_config.kv_cache_groups
+    for i, group in enumerate(groups):
+        if isinstance(group.kv_cache_spec, HiddenStatesCacheSpec):
+            return i
+    # Without our planner patch (non-hybrid target): the only MLA-style group.
+    mla = [i for i, g in enumerate(groups) if type(g.kv_cache_spec) is MLAAttentionSpec]
+    if len(mla) == 1:
+        return mla[0]
+    raise ValueError(
+        "HybridHiddenStatesConnector: no KV-cache group holds the hidden-state cache; "
+        "is the speculators-hybrid vLLM plugin loaded in the engine process?"
+    )
+
+
+class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig | None = None,
+    ):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        if vllm_config.speculative_config is None:
+            raise ValueError(
+                "HybridHiddenStatesConnector needs --speculative-config with method "
+                "'extract_hidden_states'"
+            )
+        self._dir = str(self._kv_transfer_config.get_from_extra_config("shared_storage_path", "/tmp"))
+        self._prompts: dict[str, _Prompt] = {}
+        self._layer: str | None = None
+        self._group = -1
+        self._block_size = 0
+        if role == KVConnectorRole.SCHEDULER:
+            self._group = hidden_group_index(kv_cache_config)
+            spec = kv_cache_config.kv_cache_groups[self._group].kv_cache_spec  # type: ignore[union-attr]
+            self._block_size = spec.block_size
+
+    @property
+    def prefer_cross_layer_blocks(self) -> bool:
+        return False  # the hidden-state cache must stay a layer of its own
+
+    # ---- worker side ----
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from vllm.config import get_layers_from_vllm_config
+        from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
+
+        layers = get_layers_from_vllm_config(
+            self._vllm_config, CacheOnlyAttentionLayer, list(kv_caches)
+        )
+        if len(layers) != 1:
+            raise ValueError(f"expected one hidden-state cache layer, found {sorted(layers)}")
+        self._layer = next(iter(layers))
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        return None
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        if layer_name != self._layer:
+            return
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, HiddenStatesMetadata)
+        if not meta.saves or not _writes_files():
+            return
+        os.makedirs(self._dir, exist_ok=True)
+        for save in meta.saves:
+            hidden = read_slots(kv_layer, save.slots).cpu()
+            tokens = torch.tensor(save.token_ids, dtype=torch.int64)
+            write_file(save.path, {"hidden_states": hidden, "token_ids": tokens})
+
+    # ---- scheduler side ----
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return 0, False  # store-only
+
+    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+        return None
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = HiddenStatesMetadata()
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            prompt = _Prompt(
+                path=os.path.join(self._dir, f"{new.req_id}.safetensors"),
+                token_ids=list(new.prompt_token_ids or []),
+                block_ids=list(new.block_ids[self._group]),
+            )
+            self._prompts[new.req_id] = prompt
+            self._save_if_done(meta, new.req_id, prompt, new.num_computed_tokens + scheduled[new.req_id])
+        cached = scheduler_output.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", set())
+        for i, req_id in enumerate(cached.req_ids):
+            prompt = self._prompts.get(req_id)
+            if prompt is None or prompt.saved:
+                continue
+            new_blocks = cached.new_block_ids[i]
+            if new_blocks is not None:
+                if req_id in resumed:
+                    prompt.block_ids = list(new_blocks[self._group])
+                else:
+                    prompt.block_ids.extend(new_blocks[self._group])
+            self._save_if_done(meta, req_id, prompt, cached.num_computed_tokens[i] + scheduled[req_id])
+        return meta
+
+    def _save_if_done(self, meta: HiddenStatesMetadata, req_id: str, prompt: _Prompt, done: int) -> None:
+        n = len(prompt.token_ids)
+        if prompt.saved or n == 0 or done < n:
+            return
+        slots = slots_for(prompt.block_ids, self._block_size, n)
+        meta.saves.append(SaveRequest(req_id, prompt.path, prompt.token_ids, slots))
+        prompt.saved = True
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        prompt = self._prompts.pop(request.request_id, None)
+        if prompt is None or not prompt.saved:
+            return False, None
+        return False, {"hidden_states_path": prompt.path}
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished(request, [])
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        return "NHD"  # one token's hidden states contiguous, as the stock connector asks
+
+
+def _writes_files() -> bool:
+    """Every tensor-parallel rank holds the same hidden states; rank 0 writes them."""
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    try:
+        return get_tensor_model_parallel_rank() == 0
+    except AssertionError:  # no model-parallel group (single process)
+        return True

@@ -1,0 +1,91 @@
+"""The extraction layer's cache in a KV-cache group of its own (vLLM < 0.22).
+
+Why: the extraction layer (`CacheOnlyAttentionLayer`) reports a plain `MLAAttentionSpec`
+built with the pre-hybrid block size (16). vLLM's planner then tries to give every layer one
+page size by growing block sizes, which fails beside padded Gated DeltaNet / Mamba state
+("The page size of the layer is not divisible by the maximum page size"); and were it to
+succeed, a one-layer spec type would shrink every group to one layer.
+How: the layer reports a `HiddenStatesCacheSpec` (same bytes, marked); the planner groups
+the model's own layers exactly as without extraction, then adds one group for the hidden
+states whose block size divides the engine's block size and whose page is padded to the
+shared page. The KV cache manager treats that group as full attention.
+Upstream: PR 39949 (vLLM 0.22.0, `HiddenStateCacheSpec`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from speculators_hybrid.registry import Patch, Target
+
+MODELS = "vllm.model_executor.models.extract_hidden_states"
+PLANNER = "vllm.v1.core.kv_cache_utils"
+MANAGERS = "vllm.v1.core.single_type_kv_cache_manager"
+
+
+def _marked_spec(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    from speculators_hybrid.vllm_patches.spec import mark
+
+    return mark(wrapped(*args, **kwargs))
+
+
+def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+    return args[index] if len(args) > index else kwargs[name]
+
+
+def _groups(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec, MambaSpec
+
+    from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec, fit_to_page, plain
+
+    vllm_config = _arg(args, kwargs, 0, "vllm_config")
+    specs = _arg(args, kwargs, 1, "kv_cache_spec")
+    hidden = {n: s for n, s in specs.items() if isinstance(s, HiddenStatesCacheSpec)}
+    if not hidden:
+        return wrapped(*args, **kwargs)
+    rest = {n: s for n, s in specs.items() if n not in hidden}
+    if not any(isinstance(s, MambaSpec) for s in rest.values()):
+        # Not hybrid: vLLM's own planning, with vLLM's own spec class.
+        return wrapped(vllm_config, {n: plain(s) if n in hidden else s for n, s in specs.items()})
+    if vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
+        raise ValueError(
+            "speculators-hybrid: hidden-state extraction from a hybrid model needs vLLM's hybrid "
+            "KV cache manager; remove --disable-hybrid-kv-cache-manager."
+        )
+    groups = wrapped(vllm_config, rest)
+    pages = {g.kv_cache_spec.page_size_bytes for g in groups}
+    if len(pages) != 1:
+        raise ValueError(
+            f"speculators-hybrid: expected the model's KV-cache groups to share one page size, "
+            f"found {sorted(pages)}; this layout is not supported yet."
+        )
+    page = pages.pop()
+    block = vllm_config.cache_config.block_size
+    for name, spec in hidden.items():
+        groups.append(KVCacheGroupSpec([name], fit_to_page(spec, page, block)))
+    return groups
+
+
+def _manager(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec, plain
+
+    if args and isinstance(args[0], HiddenStatesCacheSpec):
+        args = (plain(args[0]), *args[1:])
+    elif isinstance(kwargs.get("kv_cache_spec"), HiddenStatesCacheSpec):
+        kwargs = {**kwargs, "kv_cache_spec": plain(kwargs["kv_cache_spec"])}
+    return wrapped(*args, **kwargs)
+
+
+PATCH = Patch(
+    id="hidden-states-own-group",
+    project="vllm",
+    versions=">=0.20.1,<0.22",
+    fixed_upstream="vLLM PR 39949, released in 0.22.0",
+    why=__doc__ or "",
+    # Fingerprints: the same code in 0.20.1 and 0.21.0.
+    targets=(
+        Target(MODELS, "CacheOnlyAttentionLayer.get_kv_cache_spec", _marked_spec, ("330c04e278e22b82",)),
+        Target(PLANNER, "get_kv_cache_groups", _groups, ("338345488d4bac62",)),
+        Target(MANAGERS, "get_manager_for_kv_cache_spec", _manager, ("275da2230316c5d1",)),
+    ),
+)

@@ -1,0 +1,75 @@
+"""Keep the hybrid KV cache manager on for hidden-state extraction (vLLM < 0.22).
+
+Why: any `--kv-transfer-config` makes vLLM turn the hybrid KV cache manager off
+(`VllmConfig.__post_init__`), and a hybrid target then dies at startup with "Hybrid KV cache
+manager is disabled but failed to convert the KV cache specs to one unified type". vLLM's
+`ExampleHiddenStatesConnector` is not `SupportsHMA`, so turning it back on is refused too.
+How: before vLLM decides, for an `extract_hidden_states` run on a hybrid model, name our
+multi-group connector (same file contract) in place of `ExampleHiddenStatesConnector` and say
+"keep it on" where the user expressed no preference. Non-hybrid targets are untouched.
+Upstream: PR 39949 (vLLM 0.22.0) keeps the manager on for `SupportsHMA` connectors and makes
+the stock connector multi-group.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from speculators_hybrid.registry import Patch, Target
+
+logger = logging.getLogger("vllm.speculators_hybrid")
+
+STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
+CONNECTOR = "HybridHiddenStatesConnector"
+CONNECTOR_MODULE = "speculators_hybrid.vllm_patches.connector"
+
+
+def is_hybrid_extraction(config: Any) -> bool:
+    spec = getattr(config, "speculative_config", None)
+    model = getattr(config, "model_config", None)
+    return (
+        spec is not None
+        and getattr(spec, "method", None) == "extract_hidden_states"
+        and model is not None
+        and bool(model.is_hybrid)
+    )
+
+
+def _before_post_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    transfer = getattr(instance, "kv_transfer_config", None)
+    if transfer is not None and is_hybrid_extraction(instance):
+        if transfer.kv_connector == STOCK_CONNECTOR and not transfer.kv_connector_module_path:
+            transfer.kv_connector = CONNECTOR
+            transfer.kv_connector_module_path = CONNECTOR_MODULE
+            logger.info(
+                "speculators-hybrid: hybrid target, using %s.%s (multi-group, same file "
+                "contract) for %s",
+                CONNECTOR_MODULE,
+                CONNECTOR,
+                STOCK_CONNECTOR,
+            )
+        scheduler = instance.scheduler_config
+        if scheduler.disable_hybrid_kv_cache_manager is None:
+            from vllm.platforms import current_platform
+
+            if current_platform.support_hybrid_kv_cache():
+                scheduler.disable_hybrid_kv_cache_manager = False
+    return wrapped(*args, **kwargs)
+
+
+PATCH = Patch(
+    id="keep-hma-for-extraction",
+    project="vllm",
+    versions=">=0.20.1,<0.22",
+    fixed_upstream="vLLM PR 39949, released in 0.22.0",
+    why=__doc__ or "",
+    targets=(
+        Target(
+            module="vllm.config.vllm",
+            attr="VllmConfig.__post_init__",
+            wrapper=_before_post_init,
+            fingerprints=("802c9999fd991f14", "ea59cc078b35dc5f"),  # 0.20.1, 0.21.0
+        ),
+    ),
+)

@@ -1,0 +1,66 @@
+"""The vLLM plugin entry point and its switches (no vLLM needed)."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import pytest
+
+from speculators_hybrid import plugin
+from speculators_hybrid.vllm_patches import PATCHES
+
+
+def test_entry_point_is_declared_for_vllm():
+    eps = metadata.entry_points(group="vllm.general_plugins")
+    ours = [ep for ep in eps if ep.name == "speculators_hybrid"]
+    assert len(ours) == 1 and ours[0].value == "speculators_hybrid.plugin:register"
+    assert ours[0].load() is plugin.register
+
+
+def test_off_switch_patches_nothing(monkeypatch):
+    monkeypatch.setenv("SPECULATORS_HYBRID_DISABLE", "1")
+    monkeypatch.setattr(plugin, "PATCHER", plugin.Patcher(version_of=lambda d: "0.20.1"))
+    plugin.register()
+    assert not plugin.PATCHER.active and plugin.PATCHER.selected == []
+
+
+def test_without_vllm_nothing_is_armed(monkeypatch):
+    monkeypatch.delenv("SPECULATORS_HYBRID_DISABLE", raising=False)
+    monkeypatch.setattr(plugin, "installed", lambda dist: None)
+    monkeypatch.setattr(plugin, "PATCHER", plugin.Patcher(version_of=lambda d: None))
+    plugin.register()
+    assert not plugin.PATCHER.active
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [
+        ("0.20.1", {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"}),
+        ("0.21.0", {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"}),
+        ("0.22.0", set()),
+        ("0.25.0", set()),
+    ],
+)
+def test_each_vllm_version_selects_the_patches_it_needs(version, expected):
+    patcher = plugin.Patcher(version_of=lambda dist: version)
+    assert {p.id for p in patcher.select(PATCHES)} == expected
+
+
+def test_every_patch_is_documented():
+    for patch in PATCHES:
+        assert patch.why.strip() and patch.fixed_upstream and patch.targets
+        for target in patch.targets:
+            assert target.fingerprints, f"{patch.id}: {target.name} has no fingerprint"
+
+
+def test_role_reads_the_calling_vllm_function():
+    class EngineCore:
+        def __init__(self):
+            self.role = plugin.role()
+
+    def init_worker():
+        return plugin.role()
+
+    assert EngineCore().role == "engine-core"
+    assert init_worker() == "worker"
+    assert plugin.role() == "unknown"
