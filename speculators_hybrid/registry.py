@@ -11,6 +11,7 @@ restored and `PatchError` says which function, which version and what to do.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -101,8 +102,10 @@ class Patcher:
             self.active = True
             for module in sorted({t.module for p in self.selected for t in p.targets}):
                 if module not in self._hooked:
-                    self._hooked.add(module)
+                    self._hooked.add(module)  # fires now if already imported
                     wrapt.register_post_import_hook(self._on_import, module)
+                elif module in sys.modules:  # hooked before, then reverted
+                    self._on_import(sys.modules[module])
             return self.selected
 
     def revert(self) -> None:

@@ -110,6 +110,9 @@ def test_apply_twice_is_a_no_op_and_revert_restores_the_originals(module_dir):
     assert (module.add, vars(module.Box)["size"], vars(module.Box)["kind"]) == originals
     assert module.add(1, 2) == 3 and module.Box.kind() == "box"
     assert patcher.applied() == []
+    patcher.apply([patch])  # again after a revert: the module is patched again
+    assert module.add(1, 2) == 4 and patcher.applied() == ["demo"]
+    patcher.revert()
 
 
 def test_changed_target_patches_nothing_and_names_function_and_version(module_dir):

@@ -1,0 +1,127 @@
+"""Real vLLM on the CPU: configs, specs and plans built by vLLM's own code.
+
+The shim is switched per test with the `shim` fixture (the process-wide `PATCHER`), since
+vLLM loads our plugin by itself as soon as `EngineArgs` is used.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from speculators_hybrid import cpu  # noqa: E402
+
+cpu.prepare()
+
+from vllm.plugins import load_general_plugins  # noqa: E402
+
+load_general_plugins()  # vLLM's own loader, once per process: our entry point arms PATCHER
+
+from speculators_hybrid import planning  # noqa: E402
+from speculators_hybrid.models import write_config  # noqa: E402
+from speculators_hybrid.plugin import PATCHER, vllm_patches  # noqa: E402
+
+IDS = (2, 32, 61, 64)  # speculators' default for 64 layers: [2, n//2, n-3, n]
+MEMORY = 1 << 40  # planning only: enough for one 262,144-token request either way
+
+
+@lru_cache(maxsize=None)
+def model_dir(preset: str, multimodal: bool = True) -> str:
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="spec-hybrid-"))
+    return str(write_config(root / preset, preset, multimodal))
+
+
+def set_shim(on: bool) -> None:
+    PATCHER.revert()
+    if on:
+        PATCHER.apply(vllm_patches())
+
+
+@pytest.fixture
+def shim() -> Iterator[None]:
+    set_shim(True)
+    yield
+    set_shim(True)
+
+
+@pytest.fixture
+def no_shim() -> Iterator[None]:
+    set_shim(False)
+    yield
+    set_shim(True)
+
+
+@lru_cache(maxsize=None)
+def _base_config(preset: str, ids: tuple[int, ...] | None, prefix_caching: bool, shim_on: bool,
+                 max_model_len: int):
+    set_shim(shim_on)
+    setup = planning.Setup(model=model_dir(preset), layer_ids=ids, prefix_caching=prefix_caching,
+                           max_model_len=max_model_len)
+    return planning.engine_config(setup)
+
+
+def engine_config(preset: str = "qwen3.6-27b-like", ids: tuple[int, ...] | None = IDS,
+                  prefix_caching: bool = False, tp: int = 1, max_model_len: int = 262144):
+    """A fresh copy of a real VllmConfig, built with the shim as it is now (cached: seconds)."""
+    shim_on = PATCHER.active
+    config = copy.deepcopy(_base_config(preset, ids, prefix_caching, shim_on, max_model_len))
+    set_shim(shim_on)
+    config.parallel_config.tensor_parallel_size = tp
+    return config
+
+
+def engine_scheduler(config, kv_cache_config):
+    """The scheduler and request maker the engine core builds for this plan (vLLM's classes)."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import (
+        generate_scheduler_kv_cache_config,
+        get_request_block_hasher,
+        init_none_hash,
+        resolve_kv_cache_block_sizes,
+    )
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    kv = generate_scheduler_kv_cache_config([kv_cache_config])
+    config.cache_config.num_gpu_blocks = kv.num_blocks  # as the engine core records it
+    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv, config)
+    scheduler = Scheduler(
+        vllm_config=config,
+        kv_cache_config=kv,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=block_size,
+        hash_block_size=hash_block_size,
+    )
+    hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(hash_block_size, hash_fn)
+
+    def request(req_id: str, prompt: list[int]):
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        params = SamplingParams(max_tokens=1)
+        params.update_from_generation_config({}, None)
+        return Request(req_id, prompt, params, None, block_hasher=hasher)
+
+    return scheduler, request
+
+
+def model_output(scheduler_output, sampled: dict[str, int]):
+    """What the model runner returns for a step: a token for each request whose prompt is done."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    ids = list(scheduler_output.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in ids],
+    )

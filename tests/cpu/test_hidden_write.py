@@ -1,0 +1,123 @@
+"""hidden-states-write-slots: the store and the connector's read on vLLM's own page-padded views.
+
+The KV cache tensors are allocated and viewed by the model runner's own methods (on a runner
+object given only the attributes those methods read), so the hidden-state layer shares its
+memory with the other groups' layers exactly as on the GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import engine_config
+
+from speculators_hybrid import planning
+from speculators_hybrid.vllm_patches.connector import read_slots, slots_for
+from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec
+
+IDS = (2, 5, 8)  # 3 ids: the hidden page does not fill the shared page, so it is padded
+
+
+def _caches(config, kv):
+    from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionBackend
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
+    from vllm.v1.kv_cache_interface import MambaSpec
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.utils import AttentionGroup
+
+    runner = GPUModelRunner.__new__(GPUModelRunner)
+    runner.device = torch.device("cpu")
+    runner.kv_cache_config = kv
+    runner.cache_config = config.cache_config
+    runner.runner_only_attn_layers = set()
+    runner.attn_groups = []
+    for gid, group in enumerate(kv.kv_cache_groups):
+        spec = group.kv_cache_spec
+        backend = (CacheOnlyAttentionBackend if isinstance(spec, HiddenStatesCacheSpec)
+                   else GDNAttentionBackend if isinstance(spec, MambaSpec) else FlashAttentionBackend)
+        runner.attn_groups.append([AttentionGroup(backend, group.layer_names, spec, gid)])
+    from vllm.config import set_current_vllm_config
+
+    raw = runner._allocate_kv_cache_tensors(kv)
+    sizes = [g.kv_cache_spec.block_size for g in kv.kv_cache_groups]
+    with set_current_vllm_config(config):
+        return raw, runner._reshape_kv_cache_tensors(raw, sizes)
+
+
+@pytest.fixture
+def tiny(shim):
+    config = engine_config(preset="tiny", ids=IDS, prefix_caching=True, max_model_len=4096)
+    kv = planning.plan(config, planning.layer_specs(config), 64 << 20)
+    hidden = next(g for g in kv.kv_cache_groups if isinstance(g.kv_cache_spec, HiddenStatesCacheSpec))
+    return config, kv, hidden
+
+
+def test_store_and_read_round_trip_through_the_padded_view(tiny):
+    config, kv, hidden = tiny
+    spec = hidden.kv_cache_spec
+    assert spec.page_size_padded is not None  # the view really is strided
+    raw, caches = _caches(config, kv)
+    name = hidden.layer_names[0]
+    view = caches[name]
+    assert view.shape[1:] == (spec.block_size, len(IDS), 256)
+    assert not view.is_contiguous()
+
+    before = raw[name].clone()
+    tokens = 3 * spec.block_size + 5
+    blocks = [7, 3, 11, 5]  # a request's blocks, out of order as the pool hands them out
+    slots = slots_for(blocks, spec.block_size, tokens)
+    padded = torch.cat([slots, torch.full((6,), -1)])  # CUDA-graph padding tokens
+    values = torch.randn(tokens + 6, len(IDS), 256).to(spec.dtype)
+
+    from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionImpl
+
+    writer = CacheOnlyAttentionImpl(len(IDS), 256, "auto", spec.dtype)
+    writer.do_kv_cache_update(None, values, view, padded)
+
+    assert torch.equal(read_slots(view, slots), values[:tokens])
+    # Bytes outside the request's blocks and the null block 0 are untouched: padding slots
+    # went to block 0, never to the last block of the cache; page padding is untouched.
+    page = spec.page_size_bytes
+    changed = (raw[name] != before).view(-1, page).any(dim=1).nonzero().flatten().tolist()
+    assert set(changed) <= {0, *blocks}
+    assert set(blocks) <= set(changed)
+    real = spec.real_page_size_bytes
+    assert torch.equal(raw[name].view(-1, page)[:, real:], before.view(-1, page)[:, real:])
+
+
+def test_other_groups_layers_sharing_the_memory_keep_their_bytes(tiny):
+    config, kv, hidden = tiny
+    raw, caches = _caches(config, kv)
+    name = hidden.layer_names[0]
+    sharing = [n for t in kv.kv_cache_tensors if name in t.shared_by for n in t.shared_by if n != name]
+    assert sharing  # the hidden layer shares a tensor with one layer of every other group
+    other = sharing[0]
+    page = hidden.kv_cache_spec.page_size_bytes
+    mine, theirs = [2, 4], [3, 6]
+    raw[other].view(-1, page)[theirs] = 5
+    snapshot = copy.deepcopy(raw[other].view(-1, page)[theirs])
+    view = caches[name]
+    slots = slots_for(mine, hidden.kv_cache_spec.block_size, 2 * hidden.kv_cache_spec.block_size)
+    from speculators_hybrid.vllm_patches.hidden_write import store
+
+    store(torch.ones(len(slots), len(IDS), 256, dtype=view.dtype), view, slots)
+    assert torch.equal(raw[other].view(-1, page)[theirs], snapshot)
+    assert (raw[name].view(-1, page)[mine] != 0).any()
+
+
+def test_stock_store_cannot_write_a_padded_view(tiny):
+    """Why the patch exists: vLLM's own store assumes a contiguous cache."""
+    from speculators_hybrid.plugin import PATCHER
+
+    config, kv, hidden = tiny
+    _, caches = _caches(config, kv)
+    PATCHER.revert()  # the `shim` fixture re-applies it afterwards
+    from vllm.model_executor.models.extract_hidden_states import basic_cache
+
+    view = caches[hidden.layer_names[0]]
+    values = torch.ones(4, len(IDS), 256, dtype=view.dtype)
+    with pytest.raises(RuntimeError, match="view"):
+        basic_cache(values, view, torch.tensor([0, 1, 2, 3]))
