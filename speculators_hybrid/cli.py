@@ -11,8 +11,10 @@ from speculators_hybrid.versions import installed
 
 def _patches_list(_: argparse.Namespace) -> int:
     version = installed("vllm")
-    print(f"vllm {version or 'not installed'}"
-          + ("; SPECULATORS_HYBRID_DISABLE is set" if disabled() else ""))
+    print(
+        f"vllm {version or 'not installed'}"
+        + ("; SPECULATORS_HYBRID_DISABLE is set" if disabled() else "")
+    )
     for patch in vllm_patches():
         needed = patch.needed_for(installed(patch.project))
         state = "applies here" if needed else "not needed here"
@@ -47,8 +49,15 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.model is None and not args.demo:
         print("doctor: give a model or config directory, or --demo", file=sys.stderr)
         return 2
-    return doctor.run(None if args.demo else args.model, tuple(args.ids), args.tp,
-                      args.max_model_len, args.memory, args.prefix_caching, args.json)
+    return doctor.run(
+        None if args.demo else args.model,
+        tuple(args.ids),
+        args.tp,
+        args.max_model_len,
+        args.memory,
+        args.prefix_caching,
+        args.json,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,8 +70,11 @@ def main(argv: list[str] | None = None) -> int:
 
     doc = sub.add_parser("doctor", help="vLLM's KV-cache plan for extraction, with and without us")
     doc.add_argument("model", nargs="?", help="model or config directory (config.json is enough)")
-    doc.add_argument("--demo", action="store_true",
-                     help="use a built-in Qwen3.6-27B-like hybrid config (no network, no weights)")
+    doc.add_argument(
+        "--demo",
+        action="store_true",
+        help="use a built-in Qwen3.6-27B-like hybrid config (no network, no weights)",
+    )
     doc.add_argument("--ids", type=int, nargs="+", default=[2, 32, 61, 64])
     doc.add_argument("--tp", type=int, default=1)
     doc.add_argument("--max-model-len", type=int, default=262144)

@@ -40,7 +40,9 @@ class Plan:
 def _group(g: Any) -> Group:
     spec = g.kv_cache_spec
     real = getattr(spec, "real_page_size_bytes", spec.page_size_bytes)
-    return Group(type(spec).__name__, len(g.layer_names), spec.block_size, spec.page_size_bytes, real)
+    return Group(
+        type(spec).__name__, len(g.layer_names), spec.block_size, spec.page_size_bytes, real
+    )
 
 
 def plan_once(setup: planning.Setup, memory_bytes: int, shim: bool) -> Plan:
@@ -55,7 +57,9 @@ def plan_once(setup: planning.Setup, memory_bytes: int, shim: bool) -> Plan:
     try:
         config = planning.engine_config(setup)
         result.hma_enabled = not config.scheduler_config.disable_hybrid_kv_cache_manager
-        result.connector = config.kv_transfer_config.kv_connector if config.kv_transfer_config else ""
+        result.connector = (
+            config.kv_transfer_config.kv_connector if config.kv_transfer_config else ""
+        )
         kv = planning.plan(config, planning.layer_specs(config), memory_bytes)
     except Exception as exc:  # vLLM's own start-up error is the finding
         result.error = f"{type(exc).__name__}: {exc}"
@@ -71,8 +75,15 @@ def plan_once(setup: planning.Setup, memory_bytes: int, shim: bool) -> Plan:
     return result
 
 
-def run(model: str | None, ids: tuple[int, ...], tp: int, max_model_len: int, memory_gib: float,
-        prefix_caching: bool, as_json: bool) -> int:
+def run(
+    model: str | None,
+    ids: tuple[int, ...],
+    tp: int,
+    max_model_len: int,
+    memory_gib: float,
+    prefix_caching: bool,
+    as_json: bool,
+) -> int:
     from speculators_hybrid import cpu
 
     cpu.prepare()
@@ -83,16 +94,31 @@ def run(model: str | None, ids: tuple[int, ...], tp: int, max_model_len: int, me
         from speculators_hybrid.models import write_config
 
         model = str(write_config(tempfile.mkdtemp(prefix="spec-hybrid-demo-"), "qwen3.6-27b-like"))
-    setup = planning.Setup(model=model, layer_ids=ids, tp=tp, prefix_caching=prefix_caching,
-                           max_model_len=max_model_len)
+    setup = planning.Setup(
+        model=model,
+        layer_ids=ids,
+        tp=tp,
+        prefix_caching=prefix_caching,
+        max_model_len=max_model_len,
+    )
     memory = int(memory_gib * GIB)
     plans = [plan_once(setup, memory, shim=False), plan_once(setup, memory, shim=True)]
     if as_json:
-        print(json.dumps({"setup": asdict(setup), "memory_gib": memory_gib,
-                          "plans": [asdict(p) for p in plans]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "setup": asdict(setup),
+                    "memory_gib": memory_gib,
+                    "plans": [asdict(p) for p in plans],
+                },
+                indent=2,
+            )
+        )
     else:
-        print(f"model {model}  ids {list(ids)}  tp {tp}  max_model_len {max_model_len}  "
-              f"prefix caching {'on' if prefix_caching else 'off'}  KV memory {memory_gib:g} GiB")
+        print(
+            f"model {model}  ids {list(ids)}  tp {tp}  max_model_len {max_model_len}  "
+            f"prefix caching {'on' if prefix_caching else 'off'}  KV memory {memory_gib:g} GiB"
+        )
         for p in plans:
             _print_plan(p)
     return 0 if plans[1].ok else 1
@@ -100,14 +126,24 @@ def run(model: str | None, ids: tuple[int, ...], tp: int, max_model_len: int, me
 
 def _print_plan(p: Plan) -> None:
     print()
-    print(f"== {'with' if p.shim else 'without'} speculators-hybrid"
-          + (f" (patches: {', '.join(p.patches) or 'none'})" if p.shim else ""))
-    print(f"   hybrid KV cache manager: {'on' if p.hma_enabled else 'off'}; connector: {p.connector}")
+    print(
+        f"== {'with' if p.shim else 'without'} speculators-hybrid"
+        + (f" (patches: {', '.join(p.patches) or 'none'})" if p.shim else "")
+    )
+    print(
+        f"   hybrid KV cache manager: {'on' if p.hma_enabled else 'off'}; connector: {p.connector}"
+    )
     if not p.ok:
         print(f"   vLLM start-up fails: {p.error}")
         return
     print(f"   {'group':<24}{'layers':>7}{'block':>8}{'page bytes':>12}{'used bytes':>12}")
     for g in p.groups:
-        print(f"   {g.kind:<24}{g.layers:>7}{g.block_size:>8}{g.page_bytes:>12}{g.real_page_bytes:>12}")
-    print(f"   engine block size {p.block_size}; one max-length request needs {p.request_gib:.1f} GiB; "
-          f"KV capacity {p.capacity_tokens:,} tokens")
+        print(
+            f"   {g.kind:<24}{g.layers:>7}{g.block_size:>8}"
+            f"{g.page_bytes:>12}{g.real_page_bytes:>12}"
+        )
+    print(
+        f"   engine block size {p.block_size}; "
+        f"one max-length request needs {p.request_gib:.1f} GiB; "
+        f"KV capacity {p.capacity_tokens:,} tokens"
+    )

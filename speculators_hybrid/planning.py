@@ -24,13 +24,17 @@ class Setup:
     language_model_only: bool = True
 
 
-def extraction_args(layer_ids: tuple[int, ...], storage: str = "/tmp/hidden_states") -> dict[str, Any]:
+def extraction_args(
+    layer_ids: tuple[int, ...], storage: str = "/tmp/hidden_states"
+) -> dict[str, Any]:
     """The `speculative_config` and `kv_transfer_config` speculators' launcher passes."""
     return {
         "speculative_config": {
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+            "draft_model_config": {
+                "hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}
+            },
         },
         "kv_transfer_config": {
             "kv_connector": "ExampleHiddenStatesConnector",
@@ -145,4 +149,6 @@ def max_request_bytes(config: Any, kv_cache_config: Any) -> int:
     """Bytes vLLM's planner reserves for one request of `max_model_len` tokens."""
     from vllm.v1.core import kv_cache_utils
 
-    return kv_cache_utils._max_memory_usage_bytes_from_groups(config, kv_cache_config.kv_cache_groups)
+    return kv_cache_utils._max_memory_usage_bytes_from_groups(
+        config, kv_cache_config.kv_cache_groups
+    )

@@ -50,7 +50,9 @@ def vllm_patches() -> tuple[Patch, ...]:
 
 def register() -> None:
     if disabled():
-        logger.info("speculators-hybrid: disabled by SPECULATORS_HYBRID_DISABLE, pid=%d", os.getpid())
+        logger.info(
+            "speculators-hybrid: disabled by SPECULATORS_HYBRID_DISABLE, pid=%d", os.getpid()
+        )
         return
     version = installed("vllm")
     if version is None:

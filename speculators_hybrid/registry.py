@@ -121,9 +121,7 @@ class Patcher:
     def applied(self) -> list[str]:
         """Ids of the patches whose every target is patched in this process."""
         with self._lock:
-            return [
-                p.id for p in self.selected if all(t.name in self._applied for t in p.targets)
-            ]
+            return [p.id for p in self.selected if all(t.name in self._applied for t in p.targets)]
 
     def original(self, target: Target) -> Any:
         with self._lock:

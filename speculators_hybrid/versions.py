@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib import metadata
 
 
-@lru_cache(maxsize=None)
+@cache
 def installed(dist: str) -> str | None:
     try:
         return metadata.version(dist)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from speculators_hybrid.registry import Patch
-from speculators_hybrid.vllm_patches import hidden_group, hma_config, hidden_write
+from speculators_hybrid.vllm_patches import hidden_group, hidden_write, hma_config
 
 PATCHES: tuple[Patch, ...] = (
     hma_config.PATCH,

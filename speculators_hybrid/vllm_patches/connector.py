@@ -123,7 +123,9 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
                 "HybridHiddenStatesConnector needs --speculative-config with method "
                 "'extract_hidden_states'"
             )
-        self._dir = str(self._kv_transfer_config.get_from_extra_config("shared_storage_path", "/tmp"))
+        self._dir = str(
+            self._kv_transfer_config.get_from_extra_config("shared_storage_path", "/tmp")
+        )
         self._prompts: dict[str, _Prompt] = {}
         self._layer: str | None = None
         self._group = -1
@@ -179,7 +181,9 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[int | None, bool]:
         return 0, False  # store-only
 
-    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(
+        self, request: Request, blocks: Any, num_external_tokens: int
+    ) -> None:
         return None
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -192,23 +196,29 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
                 block_ids=list(new.block_ids[self._group]),
             )
             self._prompts[new.req_id] = prompt
-            self._save_if_done(meta, new.req_id, prompt, new.num_computed_tokens + scheduled[new.req_id])
+            self._save_if_done(
+                meta, new.req_id, prompt, new.num_computed_tokens + scheduled[new.req_id]
+            )
         cached = scheduler_output.scheduled_cached_reqs
-        resumed = getattr(cached, "resumed_req_ids", set())
+        resumed: set[str] = getattr(cached, "resumed_req_ids", set())
         for i, req_id in enumerate(cached.req_ids):
-            prompt = self._prompts.get(req_id)
-            if prompt is None or prompt.saved:
+            known = self._prompts.get(req_id)
+            if known is None or known.saved:
                 continue
             new_blocks = cached.new_block_ids[i]
             if new_blocks is not None:
                 if req_id in resumed:
-                    prompt.block_ids = list(new_blocks[self._group])
+                    known.block_ids = list(new_blocks[self._group])
                 else:
-                    prompt.block_ids.extend(new_blocks[self._group])
-            self._save_if_done(meta, req_id, prompt, cached.num_computed_tokens[i] + scheduled[req_id])
+                    known.block_ids.extend(new_blocks[self._group])
+            self._save_if_done(
+                meta, req_id, known, cached.num_computed_tokens[i] + scheduled[req_id]
+            )
         return meta
 
-    def _save_if_done(self, meta: HiddenStatesMetadata, req_id: str, prompt: _Prompt, done: int) -> None:
+    def _save_if_done(
+        self, meta: HiddenStatesMetadata, req_id: str, prompt: _Prompt, done: int
+    ) -> None:
         n = len(prompt.token_ids)
         if prompt.saved or n == 0 or done < n:
             return
@@ -216,7 +226,9 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         meta.saves.append(SaveRequest(req_id, prompt.path, prompt.token_ids, slots))
         prompt.saved = True
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
         prompt = self._prompts.pop(request.request_id, None)
         if prompt is None or not prompt.saved:
             return False, None

@@ -84,7 +84,9 @@ PATCH = Patch(
     why=__doc__ or "",
     # Fingerprints: the same code in 0.20.1 and 0.21.0.
     targets=(
-        Target(MODELS, "CacheOnlyAttentionLayer.get_kv_cache_spec", _marked_spec, ("330c04e278e22b82",)),
+        Target(
+            MODELS, "CacheOnlyAttentionLayer.get_kv_cache_spec", _marked_spec, ("330c04e278e22b82",)
+        ),
         Target(PLANNER, "get_kv_cache_groups", _groups, ("338345488d4bac62",)),
         Target(MANAGERS, "get_manager_for_kv_cache_spec", _manager, ("275da2230316c5d1",)),
     ),

@@ -34,7 +34,9 @@ def bytes_per_token(spec: MLAAttentionSpec) -> int:
     return replace(spec, block_size=1, page_size_padded=None).real_page_size_bytes
 
 
-def fit_to_page(spec: HiddenStatesCacheSpec, page_bytes: int, base_block: int) -> HiddenStatesCacheSpec:
+def fit_to_page(
+    spec: HiddenStatesCacheSpec, page_bytes: int, base_block: int
+) -> HiddenStatesCacheSpec:
     """The spec with the largest block size that divides `base_block` and fits one page.
 
     Dividing the engine's block size keeps the scheduler's block size (the LCM of the
@@ -42,7 +44,9 @@ def fit_to_page(spec: HiddenStatesCacheSpec, page_bytes: int, base_block: int) -
     The page is padded up to `page_bytes`, the page every group of the pool shares.
     """
     per_token = bytes_per_token(spec)
-    fits = [b for b in range(1, base_block + 1) if base_block % b == 0 and b * per_token <= page_bytes]
+    fits = [
+        b for b in range(1, base_block + 1) if base_block % b == 0 and b * per_token <= page_bytes
+    ]
     if not fits:
         raise ValueError(
             f"speculators-hybrid: one token of hidden states ({per_token} bytes: "
@@ -51,4 +55,4 @@ def fit_to_page(spec: HiddenStatesCacheSpec, page_bytes: int, base_block: int) -
         )
     block = max(fits)
     padded = page_bytes if block * per_token != page_bytes else None
-    return replace(spec, block_size=block, page_size_padded=padded)
+    return replace(spec, block_size=block, page_size_padded=padded)  # type: ignore[call-arg]

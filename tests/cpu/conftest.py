@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,7 @@ IDS = (2, 32, 61, 64)  # speculators' default for 64 layers: [2, n//2, n-3, n]
 MEMORY = 1 << 40  # planning only: enough for one 262,144-token request either way
 
 
-@lru_cache(maxsize=None)
+@cache
 def model_dir(preset: str, multimodal: bool = True) -> str:
     import tempfile
 
@@ -59,17 +59,31 @@ def no_shim() -> Iterator[None]:
     set_shim(True)
 
 
-@lru_cache(maxsize=None)
-def _base_config(preset: str, ids: tuple[int, ...] | None, prefix_caching: bool, shim_on: bool,
-                 max_model_len: int):
+@cache
+def _base_config(
+    preset: str,
+    ids: tuple[int, ...] | None,
+    prefix_caching: bool,
+    shim_on: bool,
+    max_model_len: int,
+):
     set_shim(shim_on)
-    setup = planning.Setup(model=model_dir(preset), layer_ids=ids, prefix_caching=prefix_caching,
-                           max_model_len=max_model_len)
+    setup = planning.Setup(
+        model=model_dir(preset),
+        layer_ids=ids,
+        prefix_caching=prefix_caching,
+        max_model_len=max_model_len,
+    )
     return planning.engine_config(setup)
 
 
-def engine_config(preset: str = "qwen3.6-27b-like", ids: tuple[int, ...] | None = IDS,
-                  prefix_caching: bool = False, tp: int = 1, max_model_len: int = 262144):
+def engine_config(
+    preset: str = "qwen3.6-27b-like",
+    ids: tuple[int, ...] | None = IDS,
+    prefix_caching: bool = False,
+    tp: int = 1,
+    max_model_len: int = 262144,
+):
     """A fresh copy of a real VllmConfig, built with the shim as it is now (cached: seconds)."""
     shim_on = PATCHER.active
     config = copy.deepcopy(_base_config(preset, ids, prefix_caching, shim_on, max_model_len))

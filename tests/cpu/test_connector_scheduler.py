@@ -18,8 +18,11 @@ def setup(shim):
     config = engine_config(prefix_caching=True, max_model_len=8192)
     kv = planning.plan(config, planning.layer_specs(config), MEMORY)
     scheduler, request = engine_scheduler(config, kv)
-    group = next(i for i, g in enumerate(kv.kv_cache_groups)
-                 if isinstance(g.kv_cache_spec, HiddenStatesCacheSpec))
+    group = next(
+        i
+        for i, g in enumerate(kv.kv_cache_groups)
+        if isinstance(g.kv_cache_spec, HiddenStatesCacheSpec)
+    )
     return config, kv, scheduler, request, group
 
 
@@ -30,8 +33,11 @@ def _run(scheduler, req):
         out = scheduler.schedule()
         saves.append(list(out.kv_connector_metadata.saves))
         # schedule() has already advanced num_computed_tokens by this step's tokens.
-        done = {r for r in out.num_scheduled_tokens
-                if scheduler.requests[r].num_computed_tokens >= scheduler.requests[r].num_prompt_tokens}
+        done = {
+            r
+            for r in out.num_scheduled_tokens
+            if scheduler.requests[r].num_computed_tokens >= scheduler.requests[r].num_prompt_tokens
+        }
         block_ids = scheduler.kv_cache_manager.get_block_ids(req.request_id)
         results = scheduler.update_from_output(out, model_output(out, {r: 7 for r in done}))
         outputs = [o for eco in results.values() for o in eco.outputs]

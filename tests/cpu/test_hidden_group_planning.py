@@ -17,7 +17,9 @@ def test_without_shim_startup_fails_as_reported(no_shim):
     assert config.scheduler_config.disable_hybrid_kv_cache_manager is True
     assert config.kv_transfer_config.kv_connector == "ExampleHiddenStatesConnector"
     specs = planning.layer_specs(config)
-    with pytest.raises(ValueError, match="failed to convert the KV cache specs to one unified type"):
+    with pytest.raises(
+        ValueError, match="failed to convert the KV cache specs to one unified type"
+    ):
         planning.plan(config, specs, MEMORY)
     config.scheduler_config.disable_hybrid_kv_cache_manager = False  # --no-disable-hybrid-...
     with pytest.raises(NotImplementedError, match="not divisible by the maximum page size"):
@@ -35,14 +37,28 @@ def test_config_keeps_hma_and_names_our_connector(shim):
 def test_non_hybrid_config_is_left_alone(shim, tmp_path):
     import json
 
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128,
-        "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512, "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "dtype": "bfloat16",
-    }))
-    config = planning.engine_config(planning.Setup(model=str(tmp_path), layer_ids=(1, 2, 4),
-                                                   max_model_len=2048))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 32,
+                "vocab_size": 512,
+                "max_position_embeddings": 2048,
+                "rms_norm_eps": 1e-6,
+                "rope_theta": 10000.0,
+                "dtype": "bfloat16",
+            }
+        )
+    )
+    config = planning.engine_config(
+        planning.Setup(model=str(tmp_path), layer_ids=(1, 2, 4), max_model_len=2048)
+    )
     assert config.kv_transfer_config.kv_connector == "ExampleHiddenStatesConnector"
     assert config.kv_transfer_config.kv_connector_module_path is None
     assert config.scheduler_config.disable_hybrid_kv_cache_manager is True  # vLLM's own choice
@@ -78,7 +94,9 @@ def test_hidden_states_get_a_group_of_their_own(shim, tp, prefix_caching):
     assert base % spec.block_size == 0
     # Largest such block: one more divisor step would overflow the page.
     per_token = len(IDS) * 5120 * 2
-    assert not any(base % b == 0 and b * per_token <= page for b in range(spec.block_size + 1, base + 1))
+    assert not any(
+        base % b == 0 and b * per_token <= page for b in range(spec.block_size + 1, base + 1)
+    )
 
     # The engine's block sizes stay the model's: the scheduler block is what it is without
     # extraction; the prefix-cache hash block divides every group's block (the check
@@ -120,9 +138,15 @@ def test_non_hybrid_planning_is_vllms_own(shim):
 
     config = engine_config()
     config.scheduler_config.disable_hybrid_kv_cache_manager = True
-    attention = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=config.model_config.dtype)
-    hidden = MLAAttentionSpec(block_size=16, num_kv_heads=3, head_size=128, dtype=config.model_config.dtype)
-    ours = planning.plan(config, {"a.0": attention, "a.1": attention, HIDDEN: mark(hidden)}, 1 << 30)
+    attention = FullAttentionSpec(
+        block_size=16, num_kv_heads=2, head_size=64, dtype=config.model_config.dtype
+    )
+    hidden = MLAAttentionSpec(
+        block_size=16, num_kv_heads=3, head_size=128, dtype=config.model_config.dtype
+    )
+    ours = planning.plan(
+        config, {"a.0": attention, "a.1": attention, HIDDEN: mark(hidden)}, 1 << 30
+    )
     stock = planning.plan(config, {"a.0": attention, "a.1": attention, HIDDEN: hidden}, 1 << 30)
     assert ours.num_blocks == stock.num_blocks
     assert [(g.layer_names, g.kv_cache_spec) for g in ours.kv_cache_groups] == [

@@ -36,8 +36,13 @@ def _caches(config, kv):
     runner.attn_groups = []
     for gid, group in enumerate(kv.kv_cache_groups):
         spec = group.kv_cache_spec
-        backend = (CacheOnlyAttentionBackend if isinstance(spec, HiddenStatesCacheSpec)
-                   else GDNAttentionBackend if isinstance(spec, MambaSpec) else FlashAttentionBackend)
+        backend = (
+            CacheOnlyAttentionBackend
+            if isinstance(spec, HiddenStatesCacheSpec)
+            else GDNAttentionBackend
+            if isinstance(spec, MambaSpec)
+            else FlashAttentionBackend
+        )
         runner.attn_groups.append([AttentionGroup(backend, group.layer_names, spec, gid)])
     from vllm.config import set_current_vllm_config
 
@@ -51,7 +56,9 @@ def _caches(config, kv):
 def tiny(shim):
     config = engine_config(preset="tiny", ids=IDS, prefix_caching=True, max_model_len=4096)
     kv = planning.plan(config, planning.layer_specs(config), 64 << 20)
-    hidden = next(g for g in kv.kv_cache_groups if isinstance(g.kv_cache_spec, HiddenStatesCacheSpec))
+    hidden = next(
+        g for g in kv.kv_cache_groups if isinstance(g.kv_cache_spec, HiddenStatesCacheSpec)
+    )
     return config, kv, hidden
 
 
@@ -92,7 +99,9 @@ def test_other_groups_layers_sharing_the_memory_keep_their_bytes(tiny):
     config, kv, hidden = tiny
     raw, caches = _caches(config, kv)
     name = hidden.layer_names[0]
-    sharing = [n for t in kv.kv_cache_tensors if name in t.shared_by for n in t.shared_by if n != name]
+    sharing = [
+        n for t in kv.kv_cache_tensors if name in t.shared_by for n in t.shared_by if n != name
+    ]
     assert sharing  # the hidden layer shares a tensor with one layer of every other group
     other = sharing[0]
     page = hidden.kv_cache_spec.page_size_bytes

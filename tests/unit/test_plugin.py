@@ -35,8 +35,14 @@ def test_without_vllm_nothing_is_armed(monkeypatch):
 @pytest.mark.parametrize(
     ("version", "expected"),
     [
-        ("0.20.1", {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"}),
-        ("0.21.0", {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"}),
+        (
+            "0.20.1",
+            {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
+        ),
+        (
+            "0.21.0",
+            {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
+        ),
         ("0.22.0", set()),
         ("0.25.0", set()),
     ],

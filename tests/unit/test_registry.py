@@ -11,7 +11,7 @@ import pytest
 from speculators_hybrid.fingerprint import fingerprint
 from speculators_hybrid.registry import Patch, Patcher, PatchError, Target
 
-SOURCE = '''
+SOURCE = """
 def add(a, b):
     return a + b
 
@@ -23,7 +23,7 @@ class Box:
     @staticmethod
     def kind():
         return "box"
-'''
+"""
 
 
 @pytest.fixture
@@ -136,7 +136,11 @@ def test_failure_in_a_second_module_restores_the_first(module_dir):
     good = _patch(first, _prints(first))
     bad_prints = _prints(second)
     bad = Patch(
-        "bad", "proj", ">=1", "none yet", "why",
+        "bad",
+        "proj",
+        ">=1",
+        "none yet",
+        "why",
         (Target(second, "add", _plus_one, ("ffffffffffffffff",)),),
     )
     module = importlib.import_module(first)
@@ -153,15 +157,21 @@ def test_failure_in_a_second_module_restores_the_first(module_dir):
 
 def test_missing_target_is_an_error(module_dir):
     name = module_dir("target_f", "def other():\n    return 1\n")
-    patch = Patch("gone", "proj", ">=1", "none yet", "why", (Target(name, "add", _plus_one, ("x",)),))
+    patch = Patch(
+        "gone", "proj", ">=1", "none yet", "why", (Target(name, "add", _plus_one, ("x",)),)
+    )
     with pytest.raises(PatchError, match=r"target_f:add does not exist in proj 1.5"):
         _patcher().apply([patch])
         importlib.import_module(name)
 
 
 def test_inherited_attribute_counts_as_missing(module_dir):
-    name = module_dir("target_g", "class A:\n    def f(self):\n        return 1\n\nclass B(A):\n    pass\n")
-    patch = Patch("inh", "proj", ">=1", "none yet", "why", (Target(name, "B.f", _plus_one, ("x",)),))
+    name = module_dir(
+        "target_g", "class A:\n    def f(self):\n        return 1\n\nclass B(A):\n    pass\n"
+    )
+    patch = Patch(
+        "inh", "proj", ">=1", "none yet", "why", (Target(name, "B.f", _plus_one, ("x",)),)
+    )
     with pytest.raises(PatchError, match="does not exist"):
         _patcher().apply([patch])
         importlib.import_module(name)
@@ -169,8 +179,15 @@ def test_inherited_attribute_counts_as_missing(module_dir):
 
 @pytest.mark.parametrize(
     ("version", "needed"),
-    [("1.0", True), ("1.9.3", True), ("1.5+cu130", True), ("1.6.dev2", True), ("2.0", False),
-     ("0.9", False), (None, False)],
+    [
+        ("1.0", True),
+        ("1.9.3", True),
+        ("1.5+cu130", True),
+        ("1.6.dev2", True),
+        ("2.0", False),
+        ("0.9", False),
+        (None, False),
+    ],
 )
 def test_version_gate_retires_at_the_upstream_fix(version, needed):
     patch = Patch("gate", "proj", ">=1.0,<2", "PR 1, released in 2.0", "why", ())

@@ -6,7 +6,6 @@ Lives on disk so that subprocesses vLLM starts (model inspection) see it too.
 from speculators_hybrid.cpu import inert_attribute, install_inert_finder
 
 __version__ = "0.0"
-__path__: list = []
 install_inert_finder()
 
 

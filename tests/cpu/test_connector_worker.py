@@ -1,0 +1,48 @@
+"""The connector's worker side on the CPU: the file it writes, from a real cache view."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from conftest import engine_config
+from safetensors.torch import load_file
+
+from speculators_hybrid import planning
+from speculators_hybrid.vllm_patches.connector import (
+    HiddenStatesMetadata,
+    HybridHiddenStatesConnector,
+    SaveRequest,
+    slots_for,
+)
+
+
+def test_worker_writes_the_file_speculators_reads(shim, tmp_path):
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    config = engine_config(preset="tiny", ids=(2, 5, 8), prefix_caching=True, max_model_len=4096)
+    config.kv_transfer_config.kv_connector_extra_config["shared_storage_path"] = str(tmp_path)
+    name, _layer = planning.hidden_state_layer(config)  # registers vLLM's own layer
+    connector = HybridHiddenStatesConnector(config, KVConnectorRole.WORKER)
+
+    block, ids, hidden = 16, 3, 256
+    cache = torch.zeros(12, block, ids, hidden, dtype=torch.bfloat16)
+    connector.register_kv_caches({name: cache, "model.layers.3.self_attn.attn": torch.zeros(1)})
+
+    prompt = list(range(100, 140))
+    slots = slots_for([9, 2, 4], block, len(prompt))
+    states = torch.randn(len(prompt), ids, hidden).to(torch.bfloat16)
+    cache[slots // block, slots % block] = states
+    path = os.path.join(tmp_path, "req-1.safetensors")
+    meta = HiddenStatesMetadata([SaveRequest("req-1", path, prompt, slots)])
+    connector.bind_connector_metadata(meta)
+    connector.save_kv_layer("model.layers.3.self_attn.attn", cache, None)  # not ours: ignored
+    assert not os.path.exists(path)
+    connector.save_kv_layer(name, cache, None)
+
+    data = load_file(path)
+    assert set(data) == {"hidden_states", "token_ids"}
+    assert data["token_ids"].dtype == torch.int64 and data["token_ids"].tolist() == prompt
+    assert data["hidden_states"].dtype == torch.bfloat16
+    assert torch.equal(data["hidden_states"], states)
+    assert sorted(os.listdir(tmp_path)) == ["req-1.safetensors"]  # no lock or partial left
