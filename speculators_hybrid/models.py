@@ -26,6 +26,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         linear_value_head_dim=128,
         vocab_size=248320,
         max_position_embeddings=262144,
+        mrope_section=[11, 11, 10],
     ),
     # A tiny random hybrid for quick runs and GPU proofs (heads divisible by 2 for TP=2).
     "tiny": dict(
@@ -41,6 +42,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         linear_value_head_dim=64,
         vocab_size=1024,
         max_position_embeddings=4096,
+        mrope_section=[3, 3, 2],
     ),
 }
 
@@ -50,6 +52,8 @@ def text_config(preset: str) -> dict[str, Any]:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     p = dict(PRESETS[preset])
     layers = p.pop("layers")
+    # vLLM checks sum(mrope_section) == head_dim * partial_rotary_factor / 2
+    mrope = p.pop("mrope_section")
     return {
         "model_type": "qwen3_5_text",
         "num_hidden_layers": layers,
@@ -63,7 +67,7 @@ def text_config(preset: str) -> dict[str, Any]:
             "rope_type": "default",
             "rope_theta": 10000000.0,
             "partial_rotary_factor": 0.25,
-            "mrope_section": [11, 11, 10],
+            "mrope_section": mrope,
             "mrope_interleaved": True,
         },
         "tie_word_embeddings": False,

@@ -8,8 +8,13 @@ succeed, a one-layer spec type would shrink every group to one layer.
 How: the layer reports a `HiddenStatesCacheSpec` (same bytes, marked); the planner groups
 the model's own layers exactly as without extraction, then adds one group for the hidden
 states whose block size divides the engine's block size and whose page is padded to the
-shared page. The KV cache manager treats that group as full attention.
-Upstream: PR 39949 (vLLM 0.22.0, `HiddenStateCacheSpec`).
+shared page. The KV cache manager treats that group as full attention. The engine core then
+sets its block size to the smallest group block size, which would now be the hidden group's
+and break prefix caching at start-up ("block_size must be divisible by hash_block_size") and
+the alignment of Mamba prefill chunks; the engine block size is put back to the smallest of
+the model's own groups before vLLM validates it.
+Upstream: PR 39949 (vLLM 0.22.0, `HiddenStateCacheSpec`); the engine block size is not fixed
+upstream (it crashes vLLM 0.25.0 with prefix caching on).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from speculators_hybrid.registry import Patch, Target
 MODELS = "vllm.model_executor.models.extract_hidden_states"
 PLANNER = "vllm.v1.core.kv_cache_utils"
 MANAGERS = "vllm.v1.core.single_type_kv_cache_manager"
+CONFIG = "vllm.config.vllm"
 
 
 def _marked_spec(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -60,10 +66,23 @@ def _groups(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             f"found {sorted(pages)}; this layout is not supported yet."
         )
     page = pages.pop()
-    block = vllm_config.cache_config.block_size
+    cache = vllm_config.cache_config
+    _ENGINE_BLOCK[id(cache)] = min(g.kv_cache_spec.block_size for g in groups)
     for name, spec in hidden.items():
-        groups.append(KVCacheGroupSpec([name], fit_to_page(spec, page, block)))
+        groups.append(KVCacheGroupSpec([name], fit_to_page(spec, page, cache.block_size)))
     return groups
+
+
+# id(CacheConfig) -> the engine block size without the hidden-state group, per process.
+_ENGINE_BLOCK: dict[int, int] = {}
+
+
+def _engine_block(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    cache = instance.cache_config
+    block = _ENGINE_BLOCK.get(id(cache))
+    if block is not None and cache.block_size != block:
+        cache.block_size = block  # the engine just took min() over all groups, ours included
+    return wrapped(*args, **kwargs)
 
 
 def _manager(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -89,5 +108,11 @@ PATCH = Patch(
         ),
         Target(PLANNER, "get_kv_cache_groups", _groups, ("338345488d4bac62",)),
         Target(MANAGERS, "get_manager_for_kv_cache_spec", _manager, ("275da2230316c5d1",)),
+        Target(
+            CONFIG,
+            "VllmConfig.validate_block_size",
+            _engine_block,
+            ("2fbcd62a2770eb21", "154d40b568da2567"),  # 0.20.1, 0.21.0
+        ),
     ),
 )

@@ -105,7 +105,10 @@ def engine_scheduler(config, kv_cache_config):
     from vllm.v1.structured_output import StructuredOutputManager
 
     kv = generate_scheduler_kv_cache_config([kv_cache_config])
-    config.cache_config.num_gpu_blocks = kv.num_blocks  # as the engine core records it
+    # What EngineCore._initialize_kv_caches does next, in vLLM 0.20.1-0.33.0:
+    config.cache_config.num_gpu_blocks = kv.num_blocks
+    config.cache_config.block_size = min(g.kv_cache_spec.block_size for g in kv.kv_cache_groups)
+    config.validate_block_size()
     block_size, hash_block_size = resolve_kv_cache_block_sizes(kv, config)
     scheduler = Scheduler(
         vllm_config=config,
@@ -138,4 +141,13 @@ def model_output(scheduler_output, sampled: dict[str, int]):
         req_ids=ids,
         req_id_to_index={r: i for i, r in enumerate(ids)},
         sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in ids],
+    )
+
+
+def needs(*patch_ids: str) -> pytest.MarkDecorator:
+    """Skip unless the installed vLLM needs these patches (others retire at their upstream fix)."""
+    selected = {p.id for p in PATCHER.select(vllm_patches())}
+    missing = [p for p in patch_ids if p not in selected]
+    return pytest.mark.skipif(
+        bool(missing), reason=f"vLLM {PATCHER.version_of('vllm')} does not need {missing}"
     )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import engine_config, engine_scheduler, model_output
+from conftest import engine_config, engine_scheduler, model_output, needs
 
 from speculators_hybrid import planning
 from speculators_hybrid.vllm_patches.connector import HybridHiddenStatesConnector, slots_for
 from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec
+
+pytestmark = needs("keep-hma-for-extraction", "hidden-states-own-group")
 
 MEMORY = 8 << 30
 
@@ -86,3 +88,13 @@ def test_prefix_cache_hit_reuses_hidden_state_blocks(setup):
     first_slots = first_saves[-1][0].slots
     assert torch.equal(save.slots[:hit], first_slots[:hit])
     assert save.token_ids == second.prompt_token_ids
+
+
+def test_engine_block_size_stays_the_models(setup):
+    """The engine core takes min() over all groups' block sizes; ours must not win it."""
+    config, kv, scheduler, request, group = setup
+    model_groups = [g for i, g in enumerate(kv.kv_cache_groups) if i != group]
+    engine_block = min(g.kv_cache_spec.block_size for g in model_groups)
+    assert kv.kv_cache_groups[group].kv_cache_spec.block_size < engine_block
+    assert config.cache_config.block_size == engine_block
+    assert scheduler.block_size == engine_block  # scheduler block: mamba chunk alignment

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import torch
-from conftest import engine_config
+from conftest import engine_config, needs
 from safetensors.torch import load_file
 
 from speculators_hybrid import planning
@@ -15,6 +15,8 @@ from speculators_hybrid.vllm_patches.connector import (
     SaveRequest,
     slots_for,
 )
+
+pytestmark = needs("keep-hma-for-extraction")
 
 
 def test_worker_writes_the_file_speculators_reads(shim, tmp_path):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from conftest import IDS, MEMORY, engine_config
+from conftest import IDS, MEMORY, engine_config, needs
 
 from speculators_hybrid import planning
 from speculators_hybrid.vllm_patches.hma_config import CONNECTOR, CONNECTOR_MODULE
 from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec
+
+pytestmark = needs("keep-hma-for-extraction", "hidden-states-own-group")
 
 HIDDEN = "cache_only_layers.64"
 

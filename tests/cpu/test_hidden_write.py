@@ -11,11 +11,13 @@ import copy
 
 import pytest
 import torch
-from conftest import engine_config
+from conftest import engine_config, needs
 
 from speculators_hybrid import planning
 from speculators_hybrid.vllm_patches.connector import read_slots, slots_for
 from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec
+
+pytestmark = needs("hidden-states-own-group", "hidden-states-write-slots")
 
 IDS = (2, 5, 8)  # 3 ids: the hidden page does not fill the shared page, so it is padded
 

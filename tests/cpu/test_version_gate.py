@@ -1,0 +1,35 @@
+"""Each vLLM release gets the patches it needs and no others; fixed upstream means retired."""
+
+from __future__ import annotations
+
+from conftest import PATCHER, vllm_patches
+
+from speculators_hybrid.cli import main
+from speculators_hybrid.registry import base_version
+
+# vLLM release -> the patches it needs (the table README.md shows).
+NEEDED = {
+    "0.20.1": {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
+    "0.21.0": {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
+    "0.22.1": set(),
+    "0.24.0": set(),
+    "0.25.0": set(),
+    "0.29.0": set(),
+    "0.33.0": set(),
+}
+
+
+def test_installed_vllm_selects_exactly_its_patches():
+    version = str(base_version(PATCHER.version_of("vllm") or ""))
+    assert version in NEEDED, f"add vLLM {version} to the table"
+    assert {p.id for p in PATCHER.select(vllm_patches())} == NEEDED[version]
+
+
+def test_patches_list_says_what_applies_here(capsys):
+    assert main(["patches", "list"]) == 0
+    out = capsys.readouterr().out
+    version = str(base_version(PATCHER.version_of("vllm") or ""))
+    for patch in vllm_patches():
+        state = "applies here" if patch.id in NEEDED[version] else "not needed here"
+        assert f"{patch.id}  [{state}]" in out
+    assert "FAILS" not in out
