@@ -1,0 +1,1 @@
+"""Directory that `speculators-hybrid run` puts first on `PYTHONPATH` (see `sitecustomize`)."""

@@ -1,0 +1,436 @@
+"""`speculators-hybrid check PATH... [--dataset ARROW_DIR] [--json]`: validate hidden-state files.
+
+The contract (vLLM's hidden-states connectors, speculators' readers): a safetensors file with
+`hidden_states` [tokens, layer ids, hidden] in a float dtype and `token_ids` int64 [tokens].
+Each file is checked for: both keys, their dtypes and ranks, `shape[0] == len(token_ids)`,
+the same layer count and width as the other files, finite values, no all-zero token row,
+layer slot or (token, slot) vector (vLLM 0.24.x wrote zeros silently: speculators issue 613),
+and provenance metadata naming a known-bad writer. With `--dataset` (speculators' prepared
+data, `input_ids` + `loss_mask`), `hs_<i>.safetensors` is matched to sample `i`, the way
+speculators' `ArrowDataset` and `FileTransfer.get_cached` find it, and `token_ids` must equal
+that sample's `input_ids`. Files are read one at a time, in row chunks (`safe_open` slices),
+so folders of tens of thousands of files run in bounded memory. Exit status: 0 all good,
+1 some file failed (each is named with its reasons), 2 nothing to check or bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+CHUNK_BYTES = 64 << 20
+FLOAT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+HS_NAME = re.compile(r"^hs_(\d+)\.safetensors$")
+EXAMPLES = 5  # token indices quoted per problem
+
+
+@dataclass(frozen=True)
+class KnownBad:
+    vllm: str  # PEP 440 specifier of the writer's vLLM version
+    fixes: frozenset[str]  # speculators-hybrid patch ids that make such files good
+    why: str
+
+
+# Writers whose hybrid hidden states are known to be wrong. `fixes`: the id of our patch for
+# the 0.24.x read-side block size (issue 3); keep it in step with vllm_patches.
+KNOWN_BAD = (
+    KnownBad(
+        vllm=">=0.24.0,<0.25.0",
+        fixes=frozenset({"hidden-states-read-slots"}),
+        why=(
+            "written by vLLM {version} without a speculators-hybrid fix for its hybrid read "
+            "slots (all-zero or misplaced hidden states: speculators issue 613, fixed in vLLM "
+            "0.25.0 by PR 46301)"
+        ),
+    ),
+)
+
+
+@dataclass
+class FileReport:
+    path: str
+    errors: list[dict[str, str]] = field(default_factory=list)
+    warnings: list[dict[str, str]] = field(default_factory=list)
+    tokens: int | None = None
+    n_ids: int | None = None
+    hidden: int | None = None
+    dtype: str | None = None
+    sample: int | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def error(self, code: str, message: str) -> None:
+        self.errors.append({"code": code, "message": message})
+
+    def warn(self, code: str, message: str) -> None:
+        self.warnings.append({"code": code, "message": message})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, **asdict(self)}
+
+
+class Samples:
+    """speculators' prepared dataset (`datasets.save_to_disk`), read one row at a time."""
+
+    def __init__(self, path: str) -> None:
+        from datasets import Dataset, load_from_disk
+
+        data = load_from_disk(path)
+        if not isinstance(data, Dataset):
+            raise ValueError(f"{path} holds a {type(data).__name__}, not one Dataset")
+        missing = {"input_ids", "loss_mask"} - set(data.column_names)
+        if missing:
+            raise ValueError(f"{path} has no column {', '.join(sorted(missing))}")
+        self.path = path
+        self._ids = data.select_columns(["input_ids"]).with_format(None)
+        self.matched: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def input_ids(self, index: int) -> list[int]:
+        return list(self._ids[index]["input_ids"])
+
+
+def patch_ids(raw: str) -> set[str]:
+    """Patch ids from metadata: a JSON list or a comma / space separated string."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    if isinstance(value, list):
+        return {str(v) for v in value}
+    return {p for p in re.split(r"[\s,]+", str(value)) if p}
+
+
+def provenance_problem(metadata: dict[str, str]) -> str | None:
+    """Why the writer named in `metadata` is known to produce bad files, or None."""
+    version = metadata.get("vllm_version")
+    if not version:
+        return None
+    try:
+        release = Version(Version(version).base_version)
+    except InvalidVersion:
+        return None
+    patches = patch_ids(metadata.get("speculators_hybrid_patches", ""))
+    for bad in KNOWN_BAD:
+        if release in SpecifierSet(bad.vllm) and not patches & bad.fixes:
+            return bad.why.format(version=version)
+    return None
+
+
+def _indices(mask: Any, offset: int) -> list[int]:
+    return [offset + int(i) for i in mask.nonzero().flatten()[:EXAMPLES].tolist()]
+
+
+def _scan_values(tensor: Any, shape: list[int], dtype: str, report: FileReport, chunk: int) -> None:
+    """Finite values, and no all-zero token row, layer slot or vector, one row chunk at a time."""
+    import torch
+
+    tokens, n_ids, hidden = shape
+    rows = max(1, chunk // max(1, n_ids * hidden * FLOAT_BYTES[dtype]))
+    nan = inf = zero_rows = zero_vectors = 0
+    first_rows: list[int] = []
+    first_bad: list[int] = []
+    slot_used = torch.zeros(n_ids, dtype=torch.bool)
+    for start in range(0, tokens, rows):
+        part = tensor[start : start + rows]
+        if dtype.startswith("F8"):
+            part = part.float()
+        low, high = torch.aminmax(part, dim=2)  # one pass: [rows, slots], NaN propagates
+        if not bool(torch.isfinite(low).all() and torch.isfinite(high).all()):
+            nans, infs = torch.isnan(part), torch.isinf(part)
+            nan += int(nans.sum())
+            inf += int(infs.sum())
+            if len(first_bad) < EXAMPLES:
+                first_bad += _indices((nans | infs).flatten(1).any(dim=1), start)
+        used = (low != 0) | (high != 0)  # NaN counts as used
+        empty_rows = ~used.any(dim=1)
+        zero_rows += int(empty_rows.sum())
+        zero_vectors += int((~used[~empty_rows]).sum())
+        if len(first_rows) < EXAMPLES:
+            first_rows += _indices(empty_rows, start)
+        slot_used |= used.any(dim=0)
+    if nan or inf:
+        report.error(
+            "non_finite", f"{nan} NaN and {inf} Inf values (first at tokens {first_bad[:EXAMPLES]})"
+        )
+    if zero_rows == tokens:
+        report.error("zero_rows", "every hidden state is zero")
+        return
+    if zero_rows:
+        report.error(
+            "zero_rows",
+            f"{zero_rows} of {tokens} token rows are all zero (first at tokens "
+            f"{first_rows[:EXAMPLES]})",
+        )
+    empty_slots = [i for i, used in enumerate(slot_used.tolist()) if not used]
+    if empty_slots:
+        report.error("zero_layers", f"layer slots {empty_slots} are zero for every token")
+    elif zero_vectors:
+        report.error("zero_vectors", f"{zero_vectors} (token, layer slot) vectors are all zero")
+
+
+def _match_sample(handle: Any, report: FileReport, samples: Samples) -> None:
+    name = HS_NAME.match(os.path.basename(report.path))
+    if name is None:
+        report.warn("unlinked", "not named hs_<index>.safetensors: not matched to a sample")
+        return
+    index = report.sample = int(name.group(1))
+    if index >= len(samples):
+        report.error("no_sample", f"sample {index} is not in the dataset ({len(samples)} rows)")
+        return
+    samples.matched.add(index)
+    expected = samples.input_ids(index)
+    got = handle.get_tensor("token_ids").tolist()
+    if got != expected:
+        pairs = enumerate(zip(got, expected, strict=False))
+        at = next((i for i, (a, b) in pairs if a != b), None)
+        where = f"first difference at token {at}" if at is not None else "one is a prefix"
+        report.error(
+            "token_mismatch",
+            f"token_ids differ from sample {index}'s input_ids ({len(got)} vs "
+            f"{len(expected)} tokens, {where})",
+        )
+
+
+def _inspect(handle: Any, report: FileReport, samples: Samples | None, chunk: int) -> None:
+    report.metadata = dict(handle.metadata() or {})
+    bad_writer = provenance_problem(report.metadata)
+    if bad_writer:
+        report.error("bad_provenance", bad_writer)
+    keys = set(handle.keys())
+    for key in sorted({"hidden_states", "token_ids"} - keys):
+        report.error("missing_key", f"no {key!r} tensor (has {sorted(keys)})")
+    tokens = None
+    if "token_ids" in keys:
+        ids = handle.get_slice("token_ids")
+        dtype, shape = ids.get_dtype(), ids.get_shape()
+        if dtype != "I64":
+            report.error("bad_dtype", f"token_ids is {dtype}, expected I64 (int64)")
+        if len(shape) != 1:
+            report.error("bad_shape", f"token_ids has shape {shape}, expected [tokens]")
+        else:
+            tokens = shape[0]
+    if "hidden_states" in keys:
+        states = handle.get_slice("hidden_states")
+        dtype, shape = states.get_dtype(), states.get_shape()
+        report.dtype = dtype
+        if dtype not in FLOAT_BYTES:
+            report.error("bad_dtype", f"hidden_states is {dtype}, expected a float dtype")
+        if len(shape) != 3:
+            report.error(
+                "bad_shape", f"hidden_states has shape {shape}, expected [tokens, ids, hidden]"
+            )
+            return
+        report.tokens, report.n_ids, report.hidden = shape
+        if tokens is not None and shape[0] != tokens:
+            report.error(
+                "length_mismatch", f"hidden_states has {shape[0]} tokens, token_ids {tokens}"
+            )
+        if 0 in shape:
+            report.error("empty", f"hidden_states has shape {shape}")
+        elif dtype in FLOAT_BYTES:
+            _scan_values(states, shape, dtype, report, chunk)
+    if samples is not None and tokens is not None:
+        _match_sample(handle, report, samples)
+
+
+def check_file(path: str, samples: Samples | None = None, chunk: int = CHUNK_BYTES) -> FileReport:
+    """Every check on one file; problems are reported, never raised."""
+    report = FileReport(path)
+    try:
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as handle:
+            _inspect(handle, report, samples, chunk)
+    except Exception as exc:  # noqa: BLE001 (truncated, not safetensors, unreadable)
+        report.error("unreadable", f"{type(exc).__name__}: {exc}")
+    return report
+
+
+def _natural(name: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def find_files(paths: list[str]) -> Iterator[str]:
+    """The given files, and the `*.safetensors` under the given folders, in natural order."""
+    for path in paths:
+        if not os.path.isdir(path):
+            yield path
+            continue
+        for root, dirs, files in os.walk(path):
+            dirs.sort(key=_natural)
+            for name in sorted(files, key=_natural):
+                if name.endswith(".safetensors"):
+                    yield os.path.join(root, name)
+
+
+def mark_inconsistent(reports: list[FileReport]) -> None:
+    """Flag files whose layer count or width differs from the most common one."""
+    shapes = Counter((r.n_ids, r.hidden) for r in reports if r.n_ids is not None)
+    if len(shapes) < 2:
+        return
+    (n_ids, hidden), count = shapes.most_common(1)[0]
+    for report in reports:
+        if report.n_ids is not None and (report.n_ids, report.hidden) != (n_ids, hidden):
+            report.error(
+                "inconsistent_shape",
+                f"{report.n_ids} layer ids x {report.hidden} hidden; {count} of "
+                f"{sum(shapes.values())} files have {n_ids} x {hidden}",
+            )
+
+
+class Progress:
+    """A one-line progress bar on a terminal; silent otherwise."""
+
+    def __init__(self, total: int, stream: IO[str]) -> None:
+        self.total, self.stream = total, stream
+        self.enabled = stream.isatty()
+        self.start = self.last = time.monotonic()
+
+    def update(self, done: int, failed: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < 0.1 and done < self.total):
+            return
+        self.last = now
+        width = 30
+        filled = width * done // max(1, self.total)
+        rate = done / max(1e-9, now - self.start)
+        self.stream.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} files, "
+            f"{failed} failed, {rate:.1f} files/s"
+        )
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def summarize(reports: list[FileReport], samples: Samples | None) -> dict[str, Any]:
+    failed = [r for r in reports if not r.ok]
+    summary: dict[str, Any] = {
+        "files": len(reports),
+        "ok": len(reports) - len(failed),
+        "failed": len(failed),
+        "tokens": sum(r.tokens or 0 for r in reports),
+        "shapes": dict(Counter(f"{r.n_ids}x{r.hidden}" for r in reports if r.n_ids is not None)),
+        "dtypes": dict(Counter(r.dtype for r in reports if r.dtype)),
+        "writers": dict(Counter(r.metadata.get("vllm_version", "unknown") for r in reports)),
+        "problems": dict(Counter(e["code"] for r in reports for e in r.errors)),
+        "warnings": dict(Counter(w["code"] for r in reports for w in r.warnings)),
+        "dataset": None,
+    }
+    if samples is not None:
+        summary["dataset"] = {
+            "path": samples.path,
+            "samples": len(samples),
+            "samples_with_a_file": len(samples.matched),
+        }
+    return summary
+
+
+def _counts(counter: dict[str, int]) -> str:
+    return ", ".join(f"{key} ({n})" for key, n in sorted(counter.items())) or "-"
+
+
+def print_text(summary: dict[str, Any], reports: list[FileReport], out: IO[str]) -> None:
+    rows = [
+        ("files", str(summary["files"])),
+        ("ok", str(summary["ok"])),
+        ("failed", str(summary["failed"])),
+        ("tokens", f"{summary['tokens']:,}"),
+        ("layer ids x hidden", _counts(summary["shapes"])),
+        ("dtype", _counts(summary["dtypes"])),
+        ("written by vLLM", _counts(summary["writers"])),
+        ("problems", _counts(summary["problems"])),
+    ]
+    if summary["warnings"]:
+        rows.append(("warnings", _counts(summary["warnings"])))
+    if summary["dataset"]:
+        data = summary["dataset"]
+        rows.append(
+            ("dataset", f"{data['samples_with_a_file']} of {data['samples']} samples have a file")
+        )
+    for label, value in rows:
+        print(f"  {label:<20} {value}", file=out)
+    print_failures(reports, out)
+
+
+def print_failures(reports: list[FileReport], out: IO[str]) -> None:
+    for report in reports:
+        if report.errors:
+            reasons = "; ".join(e["message"] for e in report.errors)
+            print(f"FAILED {report.path}: {reasons}", file=out)
+
+
+def _check(args: argparse.Namespace) -> int:
+    samples = None
+    if args.dataset:
+        try:
+            samples = Samples(args.dataset)
+        except Exception as exc:  # noqa: BLE001
+            print(f"check: cannot read dataset {args.dataset}: {exc}", file=sys.stderr)
+            return 2
+    paths = list(find_files(args.paths))
+    if not paths:
+        print("check: no .safetensors files found", file=sys.stderr)
+        return 2
+    progress = Progress(len(paths), sys.stderr)
+    reports: list[FileReport] = []
+    failed = 0
+    for path in paths:
+        report = check_file(path, samples)
+        failed += not report.ok
+        reports.append(report)
+        progress.update(len(reports), failed)
+    progress.close()
+    mark_inconsistent(reports)
+    summary = summarize(reports, samples)
+    if args.json:
+        json.dump({"summary": summary, "files": [r.to_json() for r in reports]}, sys.stdout)
+        print()
+        print_failures(reports, sys.stderr)  # the names, for humans and CI logs
+    else:
+        print_text(summary, reports, sys.stdout)
+    return 1 if summary["failed"] else 0
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "check",
+        help="validate hidden-state files before training on them",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders of them")
+    parser.add_argument("--dataset", metavar="ARROW_DIR", help="speculators' prepared dataset")
+    parser.add_argument("--json", action="store_true", help="summary and per-file report as JSON")
+    parser.set_defaults(func=_check)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="speculators-hybrid")
+    add_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["check", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

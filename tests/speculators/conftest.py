@@ -1,0 +1,49 @@
+"""Real speculators releases (tox envs spec050 ... spec090); skipped where none is installed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("speculators")
+
+from packaging.version import Version  # noqa: E402
+
+from speculators_hybrid.speculators_patches import PATCHER, PATCHES  # noqa: E402
+from speculators_hybrid.versions import installed  # noqa: E402
+
+VERSION = Version(Version(installed("speculators") or "0").base_version)
+# speculators 0.5.0's DFlash trains on hard targets: it has no verifier norm.
+ALGORITHMS = ("eagle3", "dflash") if VERSION >= Version("0.6.0") else ("eagle3",)
+
+
+@pytest.fixture
+def patched() -> Iterator[None]:
+    """The speculators patches applied in this process, as `run`'s bootstrap applies them."""
+    PATCHER.revert()
+    PATCHER.apply(PATCHES)
+    yield
+    PATCHER.revert()
+
+
+@pytest.fixture
+def unpatched() -> Iterator[None]:
+    PATCHER.revert()
+    yield
+
+
+@pytest.fixture(scope="session")
+def verifiers(tmp_path_factory):
+    """model_type -> (tiny verifier directory, its final-norm weight), written once."""
+    from tiny_models import write_verifier
+
+    root = tmp_path_factory.mktemp("verifiers")
+    made: dict = {}
+
+    def get(model_type: str):
+        if model_type not in made:
+            made[model_type] = write_verifier(root, model_type)
+        return made[model_type]
+
+    return get

@@ -1,0 +1,298 @@
+"""`speculators-hybrid check` on real safetensors files (needs torch; speculators not needed)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from safetensors.torch import save_file  # noqa: E402
+
+from speculators_hybrid import check  # noqa: E402
+
+TOKENS, IDS, HIDDEN = 12, 4, 16
+
+
+def states(tokens: int = TOKENS, ids: int = IDS, hidden: int = HIDDEN, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(tokens, ids, hidden, generator=gen).to(torch.bfloat16)
+
+
+def write(path, hs=None, token_ids=None, metadata=None, **extra) -> str:
+    hs = states() if hs is None else hs
+    token_ids = torch.arange(hs.shape[0], dtype=torch.int64) if token_ids is None else token_ids
+    tensors = {"hidden_states": hs, "token_ids": token_ids, **extra}
+    tensors = {k: v for k, v in tensors.items() if v is not False}
+    save_file(tensors, str(path), metadata=metadata)
+    return str(path)
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    code = check.main(list(argv))
+    return code, capsys.readouterr().out
+
+
+def codes(report: check.FileReport) -> set[str]:
+    return {e["code"] for e in report.errors}
+
+
+def test_clean_files_pass(tmp_path, capsys):
+    for i in range(3):
+        write(tmp_path / f"hs_{i}.safetensors", states(seed=i))
+    code, out = run(capsys, str(tmp_path))
+    assert code == 0, out
+    assert "FAILED" not in out and "files                3" in out
+    code, out = run(capsys, str(tmp_path), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["summary"]["ok"] == 3 and doc["summary"]["tokens"] == 3 * TOKENS
+    assert doc["summary"]["shapes"] == {f"{IDS}x{HIDDEN}": 3}
+    assert all(f["ok"] and f["n_ids"] == IDS for f in doc["files"])
+
+
+def _nan():
+    hs = states()
+    hs[5, 1, 3] = float("nan")
+    return hs
+
+
+def _inf():
+    hs = states()
+    hs[11, 0, 0] = float("inf")
+    return hs
+
+
+def _zero_row():
+    hs = states()
+    hs[7] = 0
+    return hs
+
+
+def _zero_layer():
+    hs = states()
+    hs[:, 3] = 0
+    return hs
+
+
+def _zero_vector():
+    hs = states()
+    hs[2, 1] = 0
+    return hs
+
+
+BAD = {
+    "no_hidden_states": (dict(hidden_states=False), "missing_key"),
+    "no_token_ids": (dict(token_ids=False), "missing_key"),
+    "token_ids_int32": (dict(token_ids=torch.arange(TOKENS, dtype=torch.int32)), "bad_dtype"),
+    "hidden_int": (dict(hs=torch.ones(TOKENS, IDS, HIDDEN, dtype=torch.int16)), "bad_dtype"),
+    "hidden_2d": (dict(hs=states()[:, 0].contiguous()), "bad_shape"),
+    "length": (dict(token_ids=torch.arange(TOKENS - 1)), "length_mismatch"),
+    "nan": (dict(hs=_nan()), "non_finite"),
+    "inf": (dict(hs=_inf()), "non_finite"),
+    "zero_row": (dict(hs=_zero_row()), "zero_rows"),
+    "all_zero": (dict(hs=torch.zeros(TOKENS, IDS, HIDDEN, dtype=torch.bfloat16)), "zero_rows"),
+    "zero_layer": (dict(hs=_zero_layer()), "zero_layers"),
+    "zero_vector": (dict(hs=_zero_vector()), "zero_vectors"),
+    "empty": (dict(hs=states(tokens=0)), "empty"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_each_bad_case_is_named_with_its_reason(tmp_path, capsys, case):
+    kwargs, expected = BAD[case]
+    good = write(tmp_path / "hs_0.safetensors")
+    kwargs = dict(kwargs)
+    bad = write(tmp_path / "hs_1.safetensors", kwargs.pop("hs", None), **kwargs)
+    assert expected in codes(check.check_file(bad))
+    assert check.check_file(good).ok
+    code, out = run(capsys, str(tmp_path))
+    assert code == 1
+    failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 1 and failed[0].startswith(f"FAILED {bad}: ")
+
+
+def test_reasons_say_where(tmp_path):
+    report = check.check_file(write(tmp_path / "a.safetensors", _zero_row()))
+    assert report.errors[0]["message"] == "1 of 12 token rows are all zero (first at tokens [7])"
+    report = check.check_file(write(tmp_path / "b.safetensors", _zero_layer()))
+    assert report.errors[0]["message"] == "layer slots [3] are zero for every token"
+    report = check.check_file(write(tmp_path / "c.safetensors", _nan()))
+    assert report.errors[0]["message"] == "1 NaN and 0 Inf values (first at tokens [5])"
+
+
+def test_values_are_scanned_in_row_chunks(tmp_path):
+    hs = states(tokens=50)
+    hs[41] = 0
+    hs[49, 2, 7] = float("nan")
+    path = write(tmp_path / "long.safetensors", hs)
+    row_bytes = IDS * HIDDEN * 2
+    for chunk in (row_bytes, 3 * row_bytes, 1 << 30):  # 1 row, 3 rows, whole tensor
+        report = check.check_file(path, chunk=chunk)
+        messages = [e["message"] for e in report.errors]
+        assert messages == [
+            "1 NaN and 0 Inf values (first at tokens [49])",
+            "1 of 50 token rows are all zero (first at tokens [41])",
+        ], chunk
+
+
+def test_unreadable_files_are_reported_not_raised(tmp_path, capsys):
+    good = write(tmp_path / "hs_0.safetensors")
+    data = open(good, "rb").read()
+    (tmp_path / "hs_1.safetensors").write_bytes(data[: len(data) - 100])  # truncated
+    (tmp_path / "hs_2.safetensors").write_bytes(b"not a safetensors file")
+    (tmp_path / "hs_3.safetensors").write_bytes(b"")
+    code, out = run(capsys, str(tmp_path), str(tmp_path / "missing.safetensors"))
+    assert code == 1
+    failed = {line.split(":")[0].split()[1] for line in out.splitlines() if "FAILED" in line}
+    assert failed == {str(tmp_path / f"hs_{i}.safetensors") for i in (1, 2, 3)} | {
+        str(tmp_path / "missing.safetensors")
+    }
+    for i in (1, 2, 3):
+        assert codes(check.check_file(str(tmp_path / f"hs_{i}.safetensors"))) == {"unreadable"}
+
+
+def test_a_file_whose_layers_or_width_differ_from_the_rest_is_flagged(tmp_path, capsys):
+    for i in range(3):
+        write(tmp_path / f"hs_{i}.safetensors", states(seed=i))
+    odd = write(tmp_path / "hs_3.safetensors", states(ids=3))
+    assert check.main([str(tmp_path), "--json"]) == 1
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    bad = [f for f in doc["files"] if not f["ok"]]
+    assert [f["path"] for f in bad] == [odd]
+    assert captured.err.startswith(f"FAILED {odd}: ")
+    assert bad[0]["errors"][0] == {
+        "code": "inconsistent_shape",
+        "message": "3 layer ids x 16 hidden; 3 of 4 files have 4 x 16",
+    }
+
+
+@pytest.mark.parametrize(
+    ("metadata", "bad"),
+    [
+        ({"vllm_version": "0.24.0"}, True),
+        ({"vllm_version": "0.24.1+cu129", "speculators_hybrid_patches": "a,b"}, True),
+        (
+            {"vllm_version": "0.24.0", "speculators_hybrid_patches": "hidden-states-read-slots"},
+            False,
+        ),
+        (
+            {
+                "vllm_version": "0.24.0",
+                "speculators_hybrid_patches": '["hidden-states-read-slots"]',
+            },
+            False,
+        ),
+        ({"vllm_version": "0.25.0"}, False),
+        (
+            {"vllm_version": "0.20.1", "speculators_hybrid_patches": "keep-hma-for-extraction"},
+            False,
+        ),
+        ({}, False),
+    ],
+)
+def test_known_bad_provenance_is_flagged(tmp_path, metadata, bad):
+    report = check.check_file(write(tmp_path / "hs_0.safetensors", metadata=metadata))
+    assert ("bad_provenance" in codes(report)) is bad
+    assert report.metadata == metadata
+
+
+def test_folders_are_walked_in_natural_order_and_only_safetensors_count(tmp_path):
+    for i in (10, 2, 1):
+        write(tmp_path / f"hs_{i}.safetensors")
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub" / "hs_0.safetensors")
+    (tmp_path / "hs_3.safetensors.lock").write_text("")
+    (tmp_path / "hs_4.safetensors.77.part").write_text("")
+    found = [os.path.relpath(p, tmp_path) for p in check.find_files([str(tmp_path)])]
+    assert found == [
+        "hs_1.safetensors",
+        "hs_2.safetensors",
+        "hs_10.safetensors",
+        "sub/hs_0.safetensors",
+    ]
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_on_a_terminal():
+    tty, pipe = _Tty(), io.StringIO()
+    for stream in (tty, pipe):
+        bar = check.Progress(4, stream)
+        for done in range(1, 5):
+            bar.update(done, failed=1)
+        bar.close()
+    assert "4/4 files, 1 failed" in tty.getvalue() and pipe.getvalue() == ""
+
+
+def test_thousands_of_files_stream_through(tmp_path, capsys):
+    hs, ids = states(tokens=4, ids=2, hidden=8), torch.arange(4)
+    for i in range(3000):
+        save_file({"hidden_states": hs, "token_ids": ids}, str(tmp_path / f"hs_{i}.safetensors"))
+    start = time.monotonic()
+    code, out = run(capsys, str(tmp_path))
+    elapsed = time.monotonic() - start
+    assert code == 0 and "files                3000" in out
+    assert elapsed < 60, elapsed
+
+
+def test_nothing_to_check_is_a_usage_error(tmp_path, capsys):
+    assert check.main([str(tmp_path)]) == 2
+
+
+class TestDataset:
+    @pytest.fixture
+    def data(self, tmp_path):
+        datasets = pytest.importorskip("datasets")
+        rows = [[5, 6, 7, 8], [9, 10, 11], [1, 2, 3, 4, 5]]
+        ds = datasets.Dataset.from_dict(
+            {
+                "input_ids": rows,
+                "loss_mask": [[0] + [1] * (len(r) - 1) for r in rows],
+                "seq_len": [len(r) for r in rows],
+            }
+        )
+        ds.set_format(type="torch")  # as speculators' preprocessing saves it
+        ds.save_to_disk(str(tmp_path / "data"))
+        hs_dir = tmp_path / "data" / "hidden_states"
+        hs_dir.mkdir()
+        for i, r in enumerate(rows):
+            write(hs_dir / f"hs_{i}.safetensors", states(tokens=len(r)), torch.tensor(r))
+        return tmp_path / "data", hs_dir, rows
+
+    def test_matching_files_pass(self, data, capsys):
+        root, hs_dir, rows = data
+        code, out = run(capsys, str(hs_dir), "--dataset", str(root), "--json")
+        doc = json.loads(out)
+        assert code == 0, out
+        assert doc["summary"]["dataset"]["samples_with_a_file"] == 3
+        assert [f["sample"] for f in doc["files"]] == [0, 1, 2]
+
+    def test_token_ids_must_equal_the_samples_input_ids(self, data, capsys):
+        root, hs_dir, rows = data
+        write(hs_dir / "hs_1.safetensors", states(tokens=3), torch.tensor([9, 10, 12]))
+        write(hs_dir / "hs_7.safetensors", states(tokens=3), torch.tensor([9, 10, 11]))
+        write(hs_dir / "req-abc.safetensors", states(tokens=3), torch.tensor([9, 10, 11]))
+        code, out = run(capsys, str(hs_dir), "--dataset", str(root))
+        assert code == 1
+        assert (
+            f"FAILED {hs_dir / 'hs_1.safetensors'}: token_ids differ from sample 1's input_ids "
+            "(3 vs 3 tokens, first difference at token 2)"
+        ) in out
+        assert f"FAILED {hs_dir / 'hs_7.safetensors'}: sample 7 is not in the dataset" in out
+        assert "req-abc" not in out.split("FAILED", 1)[1]  # unlinked: a warning only
+        assert "unlinked (1)" in out
+
+    def test_bad_dataset_is_a_usage_error(self, data, tmp_path, capsys):
+        root, hs_dir, rows = data
+        assert check.main([str(hs_dir), "--dataset", str(tmp_path / "nope")]) == 2
+        datasets = pytest.importorskip("datasets")
+        datasets.Dataset.from_dict({"input_ids": [[1]]}).save_to_disk(str(tmp_path / "no_mask"))
+        assert check.main([str(hs_dir), "--dataset", str(tmp_path / "no_mask")]) == 2
+        assert "no column loss_mask" in capsys.readouterr().err
