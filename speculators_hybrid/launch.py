@@ -1,0 +1,119 @@
+"""`speculators-hybrid launch [--launcher PATH] MODEL [launcher options] [-- vLLM args]`.
+
+Runs speculators' `scripts/launch_vllm.py` (with `--launcher`, any release, unchanged) or a
+built-in launcher with the main-branch CLI, takes the `vllm serve` command it would exec,
+adjusts it for hybrid targets (plugin allow-listed, forced `--no-enable-chunked-prefill` dropped,
+layer ids checked, `--language-model-only` for multimodal checkpoints), prints it and execs it
+in this process (same PID). Other targets get exactly the launcher's command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+from speculators_hybrid.launcher import LaunchError, adjust, builtin, intercept, target
+from speculators_hybrid.launcher.command import Command
+from speculators_hybrid.versions import installed
+
+PROG = "speculators-hybrid launch"
+DRY_RUN = "--dry-run"
+
+
+def log(message: str) -> None:
+    print(f"speculators-hybrid: {message}", file=sys.stderr, flush=True)
+
+
+def split_args(argv: list[str]) -> tuple[str | None, bool, list[str]]:
+    """(--launcher PATH, --dry-run, the rest); only what comes before the first `--` is ours.
+
+    --dry-run is taken here (also abbreviated, as argparse would) so a launcher always reaches
+    its exec, which we catch."""
+    launcher, dry_run, rest = None, False, []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest.extend(argv[i:])
+            break
+        if arg == "--launcher":
+            if i + 1 >= len(argv):
+                raise LaunchError("--launcher needs a PATH")
+            launcher, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--launcher="):
+            launcher = arg.split("=", 1)[1]
+        elif len(arg) > 2 and DRY_RUN.startswith(arg):
+            dry_run = True
+        else:
+            rest.append(arg)
+        i += 1
+    return launcher, dry_run, rest
+
+
+def plan(argv: list[str]) -> tuple[Command, bool]:
+    """The final command for `launch ARGV`, and whether this is a dry run."""
+    launcher, dry_run, rest = split_args(argv)
+    if launcher is not None:
+        cmd = intercept.capture(launcher, rest)
+    else:
+        cmd, args = builtin.build(rest)
+        if args.launcher is not None:
+            raise LaunchError("write --launcher PATH in full, before MODEL")
+        dry_run = dry_run or args.dry_run
+    tgt = target.load(cmd.model())
+    return adjust.for_target(cmd, tgt, rest, installed("vllm"), log), dry_run
+
+
+def execute(cmd: Command) -> None:
+    """Replace this process with `cmd` (returns only if the exec fails)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        if cmd.env is None:
+            (os.execvp if cmd.search_path else os.execv)(cmd.file, cmd.argv)
+        else:
+            (os.execvpe if cmd.search_path else os.execve)(cmd.file, cmd.argv, cmd.env)
+    except OSError as exc:
+        raise LaunchError(f"cannot exec {cmd.file}: {exc.strerror or exc}") from exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cmd, dry_run = plan(list(sys.argv[1:] if argv is None else argv))
+        print(intercept.BANNER)
+        print(shlex.join(cmd.argv), flush=True)
+        if dry_run:
+            return 0
+        execute(cmd)
+    except intercept.LauncherExit as exc:
+        return exc.code
+    except SystemExit as exc:  # the built-in parser's --help or usage error
+        return exc.code if isinstance(exc.code, int) else 2
+    except LaunchError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    return main(args.argv)
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Register `launch` on the `speculators-hybrid` subcommands (arguments parsed by `main`)."""
+    # NUL never starts a real argument: every token, `-h` and `--` included, reaches `main`.
+    p = subparsers.add_parser(
+        "launch",
+        help="run speculators' launch_vllm.py (or a built-in one), adjusted for hybrid targets",
+        add_help=False,
+        prefix_chars="\0",
+    )
+    p.add_argument("argv", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

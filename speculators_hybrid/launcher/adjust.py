@@ -1,0 +1,173 @@
+"""Adjust a launcher's command for a hybrid target; any other target's command is untouched."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from importlib import metadata
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from speculators_hybrid.launcher import LaunchError
+from speculators_hybrid.launcher.command import Command
+from speculators_hybrid.launcher.target import Target
+
+PLUGIN = "speculators_hybrid"
+NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill"
+LANGUAGE_ONLY = "--language-model-only"
+FIRST_LANGUAGE_ONLY = Version("0.20.1")  # MultiModalConfig.language_model_only
+# vLLM PR 37374 made ExampleHiddenStatesConnector refuse chunked prefill; PR 43805 lifted it.
+STOCK_REFUSES_CHUNKED = (Version("0.22.0"), Version("0.24.0"))
+# Model classes with no EAGLE-3 auxiliary hidden states in vLLM (extraction fails at run time).
+NO_AUX_STATES = ("granitemoehybrid", "falcon_h1", "jamba", "bamba", "zamba2", "lfm2")
+
+Log = Callable[[str], None]
+
+
+def id_problems(ids: Sequence[Any], n: int) -> list[str]:
+    problems = []
+    dups = sorted({i for i in ids if list(ids).count(i) > 1}, key=str)
+    if dups:
+        problems.append(f"duplicated {dups}")
+    bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i <= n]
+    if bad:
+        problems.append(f"outside [0, {n}]: {bad}")
+    return problems
+
+
+def check_layer_ids(ids: Sequence[Any], target: Target) -> None:
+    n = target.num_layers
+    problems = id_problems(ids, n)
+    if not problems:
+        return
+    source = ", from text_config" if "text_config" in target.config else ""
+    default = " (speculators' default [2, n//2, n-3, n] is not, for this n)"
+    hint = " ".join(str(i) for i in sorted({1, n // 2, n - 1})) if n >= 2 else "IDS"
+    raise LaunchError(
+        f"layer ids {list(ids)} do not fit {target.model} (n = {n} decoder layers{source}): "
+        f"{'; '.join(problems)}. Ids must be distinct and within [0, {n}]"
+        f"{default if list(ids) == [2, n // 2, n - 3, n] else ''}. Pass distinct ids, e.g. "
+        f"--target-layer-ids {hint} (n is appended unless --no-include-last-layer)."
+    )
+
+
+def _plugins_env(env: dict[str, str], log: Log) -> dict[str, str] | None:
+    """VLLM_PLUGINS is an allow-list of exact names: make sure ours is on it."""
+    value = env.get("VLLM_PLUGINS")
+    if value is None or PLUGIN in value.split(","):
+        return None
+    new = f"{value},{PLUGIN}" if value else PLUGIN
+    log(f"VLLM_PLUGINS={value!r} leaves out our plugin; running with VLLM_PLUGINS={new!r}")
+    return {**env, "VLLM_PLUGINS": new}
+
+
+def _plugin_checks(log: Log) -> None:
+    names = {ep.name for ep in metadata.entry_points(group="vllm.general_plugins")}
+    if PLUGIN not in names:
+        log(
+            f"warning: {PLUGIN} is not installed as a vLLM plugin in this environment "
+            "(pip install it next to vLLM), so vLLM will not load it"
+        )
+    if os.environ.get("SPECULATORS_HYBRID_DISABLE", "").strip().lower() in ("1", "true", "yes"):
+        log("warning: SPECULATORS_HYBRID_DISABLE is set: the plugin will patch nothing")
+
+
+def _version(text: str | None) -> Version | None:
+    try:
+        return Version(text) if text else None
+    except InvalidVersion:
+        return None
+
+
+def vllm_notes(version: str | None, argv: list[str], target: Target) -> list[str]:
+    """Known problems of the installed vLLM with hybrid extraction (warnings only)."""
+    notes = []
+    if target.model_type in NO_AUX_STATES:
+        notes.append(
+            f"vLLM's {target.model_type} has no EAGLE-3 auxiliary hidden states: "
+            "extraction will fail at run time"
+        )
+    v = _version(version)
+    if v is None:
+        return notes + ["vLLM not found for this Python (or its version unreadable)"]
+    if v < FIRST_LANGUAGE_ONLY:
+        notes.append(f"vLLM {version} is older than 0.20.1, which speculators-hybrid supports")
+    if Version("0.24") <= v < Version("0.25"):
+        notes.append(
+            f"vLLM {version}: hybrid targets can get all-zero hidden states with no "
+            "error (speculators issue 613, fixed in 0.25.0); upgrade"
+        )
+    if Version("0.25") <= v < Version("0.26") and "--enable-prefix-caching" in argv:
+        notes.append(
+            f"vLLM {version} is expected to fail at start-up for hybrid extraction "
+            "with --enable-prefix-caching (block_size vs hash_block_size)"
+        )
+    return notes
+
+
+def chunked_prefill(argv: list[str], user_args: list[str], vllm: str | None, log: Log) -> list[str]:
+    """Drop the launcher-forced --no-enable-chunked-prefill, except on vLLM 0.22-0.23, whose
+    stock connector refuses chunked prefill (there it is added if missing)."""
+    v = _version(vllm)
+    if v is not None and STOCK_REFUSES_CHUNKED[0] <= v < STOCK_REFUSES_CHUNKED[1]:
+        if NO_CHUNKED_PREFILL not in argv and "--enable-chunked-prefill" not in user_args:
+            argv.append(NO_CHUNKED_PREFILL)
+            log(
+                f"added {NO_CHUNKED_PREFILL}: vLLM {vllm}'s ExampleHiddenStatesConnector "
+                "refuses chunked prefill"
+            )
+        if "--enable-prefix-caching" in argv:
+            log(
+                f"warning: vLLM {vllm} cannot extract from a hybrid target with prefix caching: "
+                "mamba 'align' mode needs chunked prefill, the connector refuses it"
+            )
+        return argv
+    if NO_CHUNKED_PREFILL in argv and NO_CHUNKED_PREFILL not in user_args:
+        argv = [a for a in argv if a != NO_CHUNKED_PREFILL]
+        log(
+            f"removed {NO_CHUNKED_PREFILL} (forced by this launcher): with prefix caching on a "
+            "hybrid target vLLM uses the mamba 'align' cache mode, which needs chunked prefill"
+        )
+    return argv
+
+
+def for_hybrid(
+    cmd: Command, target: Target, user_args: list[str], vllm: str | None, log: Log
+) -> Command:
+    """The command with what a hybrid target needs; `user_args` are what the user passed."""
+    if not target.hybrid:
+        return cmd
+    check_layer_ids(cmd.layer_ids(), target)
+    argv = chunked_prefill(list(cmd.argv), user_args, vllm, log)
+    if target.multimodal and not any(
+        "language-model-only" in a or "language_model_only" in a for a in argv
+    ):
+        if (v := _version(vllm)) is not None and v < FIRST_LANGUAGE_ONLY:
+            log(f"not adding {LANGUAGE_ONLY}: vLLM {vllm} lacks it")
+        else:
+            argv.append(LANGUAGE_ONLY)
+            log(
+                f"multimodal checkpoint: added {LANGUAGE_ONLY}, the vision tower is not built; "
+                f"layer ids come from text_config (n = {target.num_layers})"
+            )
+    for note in vllm_notes(vllm, argv, target):
+        log(f"warning: {note}")
+    _plugin_checks(log)
+    env = _plugins_env(dict(cmd.env if cmd.env is not None else os.environ), log)
+    return replace(cmd, argv=argv, env=env if env is not None else cmd.env)
+
+
+def for_target(
+    cmd: Command, target: Target, user_args: list[str], vllm: str | None, log: Log
+) -> Command:
+    if target.hybrid:
+        return for_hybrid(cmd, target, user_args, vllm, log)
+    try:
+        problems = id_problems(cmd.layer_ids(), target.num_layers)
+    except LaunchError:
+        problems = []
+    if problems:
+        log(f"warning: layer ids {'; '.join(problems)} (not a hybrid target: command unchanged)")
+    return cmd

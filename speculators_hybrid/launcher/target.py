@@ -1,0 +1,131 @@
+"""What the launcher needs to know about the target, read from its `config.json` (no network,
+no transformers)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from speculators_hybrid.launcher import LaunchError
+
+# Model types whose decoder mixes attention with recurrent state layers (GDN, Mamba, conv).
+HYBRID_MODEL_TYPES = frozenset(
+    {
+        "qwen3_5",
+        "qwen3_5_text",
+        "qwen3_5_moe",
+        "qwen3_5_moe_text",
+        "qwen3_next",
+        "nemotron_h",
+        "granitemoehybrid",
+        "falcon_h1",
+        "jamba",
+        "bamba",
+        "zamba2",
+        "lfm2",
+    }
+)
+STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv"})
+
+
+def _parts(config: dict[str, Any]) -> list[dict[str, Any]]:
+    text = config.get("text_config")
+    return [config, text] if isinstance(text, dict) else [config]
+
+
+def is_hybrid(config: dict[str, Any]) -> bool:
+    """Attention + state layers: by model type, or by a state layer in `layer_types`."""
+    for part in _parts(config):
+        if part.get("model_type") in HYBRID_MODEL_TYPES:
+            return True
+        types = part.get("layer_types")
+        if isinstance(types, list) and STATE_LAYER_TYPES & {str(t) for t in types}:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Target:
+    model: str
+    config_path: Path
+    config: dict[str, Any]
+
+    @property
+    def text(self) -> dict[str, Any]:
+        """The language model's config: `text_config` when there is one (as the launchers do)."""
+        return _parts(self.config)[-1]
+
+    @property
+    def num_layers(self) -> int:
+        n = self.text.get("num_hidden_layers")
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise LaunchError(f"{self.config_path} has no integer num_hidden_layers")
+        return n
+
+    @property
+    def hybrid(self) -> bool:
+        return is_hybrid(self.config)
+
+    @property
+    def multimodal(self) -> bool:
+        return "text_config" in self.config and "vision_config" in self.config
+
+    @property
+    def model_type(self) -> str:
+        return str(self.text.get("model_type") or self.config.get("model_type") or "?")
+
+
+def _hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache", "huggingface"
+    )
+    return Path(home) / "hub"
+
+
+def _cached_config(model: str) -> Path | None:
+    """config.json of a hub id already in the local Hugging Face cache (never downloads)."""
+    if model.count("/") > 1:
+        return None
+    repo = _hub_cache() / ("models--" + model.replace("/", "--"))
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        path = repo / "snapshots" / ref.read_text().strip() / "config.json"
+        if path.is_file():
+            return path
+    found = sorted(repo.glob("snapshots/*/config.json"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def config_path(model: str) -> Path:
+    folder = Path(model).expanduser()
+    if folder.is_dir():
+        path = folder / "config.json"
+        if not path.is_file():
+            raise LaunchError(f"model directory {model} has no config.json")
+        return path
+    if folder.exists() or model.startswith((".", "/", "~")):
+        raise LaunchError(f"model directory {model} does not exist or is not a directory")
+    cached = _cached_config(model)
+    if cached is None:
+        raise LaunchError(
+            f"model {model!r} is not a local directory (nor in the Hugging Face cache); "
+            "download it first, e.g. `huggingface-cli download MODEL --local-dir DIR`, "
+            "and pass DIR"
+        )
+    return cached
+
+
+def load(model: str) -> Target:
+    path = config_path(model)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise LaunchError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise LaunchError(f"{path} is not a JSON object")
+    return Target(model, path, config)

@@ -1,0 +1,127 @@
+"""The built-in launcher's CLI against main's (its double): same argv for the same input,
+`hs_connectors`' backend registry when installed, help and usage errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launchers"))
+from launch_support import GENERATIONS, models  # noqa: E402
+
+from speculators_hybrid import launch  # noqa: E402
+from speculators_hybrid.launcher import builtin, intercept  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using custom target layer ids")
+
+CASES = [
+    [],
+    ["--hidden-states-path", "/data/hs"],
+    ["--hidden-states-path=/data/hs", "--hidden-states-backend", "file"],
+    ["--target-layer-ids", "3", "5"],
+    ["--target-layer-ids", "3", "8", "5"],
+    ["--target-layer-ids", "3", "--no-include-last-layer"],
+    ["--no-include-last-layer"],
+    ["--trust-remote-code", "--port", "8001"],
+    ["--port", "8001", "--", "--max-model-len", "64", "--enforce-eager"],
+    ["--", "--max-model-len", "64", "--", "--enforce-eager"],
+    ["--tensor-parallel-size", "2", "--target-layer-ids", "1", "2", "--", "-tp", "2"],
+]
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return models(tmp_path_factory.mktemp("models"))
+
+
+@pytest.mark.parametrize("name", ["plain", "hybrid-mm"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: " ".join(c) or "defaults")
+def test_builtin_command_equals_mains(case, name, targets, capsys):
+    args = [str(targets[name]), *case]
+    ours, _ = builtin.build(list(args))
+    assert ours.argv == intercept.capture(str(GENERATIONS["main"]), list(args)).argv
+
+
+def test_model_may_come_after_options(targets):
+    args = ["--hidden-states-path", "/x", str(targets["plain"]), "--port", "1"]
+    ours, _ = builtin.build(list(args))
+    assert ours.argv == intercept.capture(str(GENERATIONS["main"]), list(args)).argv
+
+
+class MemBackend:
+    @staticmethod
+    def add_launch_args(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--mem-address", default="localhost:1")
+
+    @staticmethod
+    def build_kv_transfer_config(args: argparse.Namespace) -> dict[str, Any]:
+        return {
+            "kv_connector": "MemConnector",
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"address": args.mem_address},
+        }
+
+
+def fake_registry(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    registry = types.SimpleNamespace(registry={"mem": MemBackend})
+    for name in names:
+        module = types.ModuleType(name)
+        module.HiddenStatesBackend = registry  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+@pytest.mark.parametrize("source", ["builtin", "main", "0.7.x"])
+def test_backends_come_from_the_installed_registry(source, targets, monkeypatch):
+    """main (and the built-in) read hs_connectors; 0.7.x reads speculators' vendored copy."""
+    fake_registry(
+        monkeypatch,
+        "hs_connectors",
+        "speculators",
+        "speculators._vendor",
+        "speculators._vendor.hs_connectors",
+    )
+    args = [str(targets["plain"]), "--hidden-states-backend", "mem", "--mem-address", "h:2"]
+    if source == "builtin":
+        cmd, _ = builtin.build(list(args))
+    else:
+        cmd = intercept.capture(str(GENERATIONS[source]), list(args))
+    assert cmd.option(("--kv_transfer_config",)) == (
+        '{"kv_connector": "MemConnector", "kv_role": "kv_producer", '
+        '"kv_connector_extra_config": {"address": "h:2"}}'
+    )
+
+
+def test_without_a_registry_only_file_is_offered(monkeypatch):
+    monkeypatch.setitem(sys.modules, "hs_connectors", None)  # import fails, as when absent
+    assert builtin.backends() == {"file": builtin.FileBackend}
+
+
+def test_help_lists_the_launcher_options(capsys):
+    assert launch.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for option in (
+        "--launcher PATH",
+        "--hidden-states-backend",
+        "--hidden-states-path",
+        "--target-layer-ids",
+        "--no-include-last-layer",
+        "--dry-run",
+        "--trust-remote-code",
+    ):
+        assert option in out
+
+
+def test_missing_model_is_a_usage_error(capsys):
+    assert launch.main(["--dry-run"]) == 2
+    assert "the following arguments are required: model" in capsys.readouterr().err
+
+
+def test_an_abbreviated_launcher_option_is_refused(targets, capsys):
+    args = [str(targets["plain"]), "--launch", str(GENERATIONS["main"])]
+    assert launch.main(args) == 2
+    assert "write --launcher PATH in full" in capsys.readouterr().err

@@ -1,0 +1,228 @@
+"""`launch` with each launcher generation's double and with the built-in launcher: the command
+it catches, the hybrid adjustments and the dry-run output (in-process, nothing exec'd)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launchers"))
+from launch_support import FORCES_NO_CHUNKED, GENERATIONS, models  # noqa: E402
+
+from speculators_hybrid import launch  # noqa: E402
+from speculators_hybrid.launcher import intercept  # noqa: E402
+
+SOURCES = ["builtin", *GENERATIONS]  # the built-in launcher behaves as main's
+
+
+def with_launcher(source: str, args: list[str]) -> list[str]:
+    return args if source == "builtin" else ["--launcher", str(GENERATIONS[source]), *args]
+
+
+def stock(source: str, model: Path, ids: list[int], extra: tuple[str, ...] = ()) -> list[str]:
+    """What the stock launcher of `source` execs, written out from the contract."""
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
+    }
+    kv = {
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": "/tmp/hidden_states"},
+    }
+    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model)]
+    argv += ["--speculative_config", json.dumps(spec), "--kv_transfer_config", json.dumps(kv)]
+    argv += list(extra)
+    if source in FORCES_NO_CHUNKED and "--no-enable-chunked-prefill" not in argv:
+        argv.append("--no-enable-chunked-prefill")
+    return argv
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return models(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    monkeypatch.delenv("SPECULATORS_HYBRID_DISABLE", raising=False)
+    vllm("0.33.0", monkeypatch)  # the same answers whichever vLLM this env has
+
+
+def vllm(version: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "installed", lambda dist: version if dist == "vllm" else None)
+
+
+@pytest.mark.parametrize("source", list(GENERATIONS))
+def test_the_double_execs_the_documented_command(source, targets, capsys):
+    model = targets["plain"]
+    cmd = intercept.capture(str(GENERATIONS[source]), [str(model), "--", "--max-model-len", "64"])
+    assert cmd.argv == stock(source, model, [2, 4, 5, 8], ["--max-model-len", "64"])
+    assert (cmd.file, cmd.env, cmd.search_path) == (sys.executable, None, True)
+    assert "Running command:" not in capsys.readouterr().out  # ours is printed instead
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_plain_target_gets_the_stock_command(source, targets, monkeypatch):
+    monkeypatch.setenv("VLLM_PLUGINS", "other")
+    model = targets["plain"]
+    cmd, dry = launch.plan(with_launcher(source, [str(model), "--", "--enforce-eager"]))
+    expected = "main" if source == "builtin" else source
+    assert cmd.argv == stock(expected, model, [2, 4, 5, 8], ["--enforce-eager"])
+    assert cmd.env is None and not dry
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_hybrid_text_target(source, targets, capsys):
+    model = targets["hybrid-text"]
+    cmd, _ = launch.plan(with_launcher(source, [str(model), "--", "--enforce-eager"]))
+    assert cmd.argv == stock("main", model, [2, 4, 5, 8], ["--enforce-eager"])
+    assert "--language-model-only" not in cmd.argv and cmd.env is None
+    err = capsys.readouterr().err
+    assert ("removed --no-enable-chunked-prefill" in err) == (source in FORCES_NO_CHUNKED)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_hybrid_multimodal_target_is_language_model_only(source, targets, capsys):
+    model = targets["hybrid-mm"]
+    cmd, _ = launch.plan(with_launcher(source, [str(model)]))
+    # ids from text_config's 8 layers; the forced flag gone; the vision tower not built
+    assert cmd.argv == stock("main", model, [2, 4, 5, 8]) + ["--language-model-only"]
+    assert "vision tower is not built" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_explicit_choices_of_the_user_are_kept(source, targets):
+    model = targets["hybrid-mm"]
+    extra = ["--no-enable-chunked-prefill", "--no-language-model-only"]
+    cmd, _ = launch.plan(with_launcher(source, [str(model), "--", *extra]))
+    assert cmd.argv == stock("main", model, [2, 4, 5, 8], extra)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize(
+    ("plugins", "expected"),
+    [
+        (None, None),
+        ("", "speculators_hybrid"),
+        ("a,b", "a,b,speculators_hybrid"),
+        ("a,speculators_hybrid", None),
+    ],
+)
+def test_plugin_allow_list_includes_ours(source, plugins, expected, targets, monkeypatch):
+    if plugins is not None:
+        monkeypatch.setenv("VLLM_PLUGINS", plugins)
+    cmd, _ = launch.plan(with_launcher(source, [str(targets["hybrid-text"])]))
+    assert (cmd.env or {}).get("VLLM_PLUGINS") == expected
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_default_ids_that_collide_are_an_error_with_advice(source, targets, capsys):
+    assert launch.main(with_launcher(source, [str(targets["hybrid-4"]), "--dry-run"])) == 2
+    captured = capsys.readouterr()
+    assert "Running command:" not in captured.out
+    err = captured.err
+    assert "layer ids [2, 2, 1, 4]" in err and "n = 4" in err and "duplicated [2]" in err
+    assert "--target-layer-ids 1 2 3" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_ids_out_of_range_are_an_error(source, targets, capsys):
+    args = [str(targets["hybrid-text"]), "--target-layer-ids", "3", "9"]
+    assert launch.main(with_launcher(source, [*args, "--dry-run"])) == 2
+    assert "outside [0, 8]: [9]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_distinct_custom_ids_fix_a_small_model(source, targets):
+    args = [str(targets["hybrid-4"]), "--target-layer-ids", "1", "2", "3"]
+    cmd, _ = launch.plan(with_launcher(source, args))
+    assert cmd.layer_ids() == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("name", ["hybrid-mm", "hybrid-text", "plain"])
+@pytest.mark.parametrize("flag", ["--dry-run", "--dry"])
+def test_dry_run_prints_the_final_command_only(source, name, flag, targets, capsys):
+    model = targets[name]
+    assert launch.main(with_launcher(source, [str(model), flag, "--", "--port", "8001"])) == 0
+    out = capsys.readouterr().out
+    expected = stock(
+        "main" if source == "builtin" or name != "plain" else source,
+        model,
+        [2, 4, 5, 8],
+        ["--port", "8001"],
+    )
+    if name == "hybrid-mm":
+        expected.append("--language-model-only")
+    assert out == f"Running command:\n{shlex.join(expected)}\n"
+
+
+def test_dry_run_output_of_a_hybrid_multimodal_target(targets, capsys):
+    model = targets["hybrid-mm"]
+    launch.main(["--launcher", str(GENERATIONS["0.7.x"]), str(model), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1].endswith(
+        f'serve {model} --speculative_config \'{{"method": "extract_hidden_states", '
+        '"num_speculative_tokens": 1, "draft_model_config": {"hf_config": '
+        '{"eagle_aux_hidden_state_layer_ids": [2, 4, 5, 8]}}}\' --kv_transfer_config '
+        '\'{"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer", '
+        '"kv_connector_extra_config": {"shared_storage_path": "/tmp/hidden_states"}}\' '
+        "--language-model-only"
+    )
+    assert "removed --no-enable-chunked-prefill" in err and "mamba 'align'" in err
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("version", ["0.22.0", "0.23.0"])
+def test_vllm_022_023_keep_chunked_prefill_off_for_hybrids(source, version, targets, monkeypatch):
+    """There the stock connector refuses chunked prefill, whatever the launcher."""
+    vllm(version, monkeypatch)
+    model = targets["hybrid-text"]
+    cmd, _ = launch.plan(with_launcher(source, [str(model)]))
+    assert cmd.argv == stock("main", model, [2, 4, 5, 8]) + ["--no-enable-chunked-prefill"]
+    plain, _ = launch.plan(with_launcher(source, [str(targets["plain"])]))
+    expected = "main" if source == "builtin" else source
+    assert plain.argv == stock(expected, targets["plain"], [2, 4, 5, 8])  # stock, as always
+
+
+@pytest.mark.parametrize("version", ["0.20.1", "0.21.0", "0.24.0", "0.25.0", "0.33.0", None])
+def test_other_vllm_versions_drop_the_forced_flag(version, targets, monkeypatch):
+    vllm(version, monkeypatch)
+    model = targets["hybrid-text"]
+    cmd, _ = launch.plan(["--launcher", str(GENERATIONS["0.6.x"]), str(model)])
+    assert cmd.argv == stock("main", model, [2, 4, 5, 8])
+
+
+def test_vllm_before_020_gets_no_language_model_only(targets, monkeypatch, capsys):
+    vllm("0.19.1", monkeypatch)
+    cmd, _ = launch.plan([str(targets["hybrid-mm"])])
+    assert "--language-model-only" not in cmd.argv
+    err = capsys.readouterr().err
+    assert "vLLM 0.19.1 lacks it" in err and "older than 0.20.1" in err
+
+
+@pytest.mark.parametrize(
+    ("version", "args", "warning"),
+    [
+        ("0.24.0", [], "all-zero hidden states"),
+        ("0.25.0", ["--enable-prefix-caching"], "hash_block_size"),
+        ("0.22.1", ["--enable-prefix-caching"], "cannot extract from a hybrid target"),
+    ],
+)
+def test_known_vllm_problems_are_warned_about(version, args, warning, targets, monkeypatch, capsys):
+    vllm(version, monkeypatch)
+    launch.plan([str(targets["hybrid-text"]), "--", *args])
+    assert warning in capsys.readouterr().err
+
+
+def test_plain_targets_get_no_warnings(targets, monkeypatch, capsys):
+    vllm("0.24.0", monkeypatch)
+    launch.plan([str(targets["plain"])])
+    assert capsys.readouterr().err == ""
