@@ -5,37 +5,47 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speculators_hybrid.plugin import PATCHER, disabled, vllm_patches
+from speculators_hybrid import check, launch, run
+from speculators_hybrid.plugin import disabled, vllm_patches
+from speculators_hybrid.registry import Patch, Patcher
 from speculators_hybrid.versions import installed
 
 
+def all_patches() -> tuple[Patch, ...]:
+    from speculators_hybrid.speculators_patches import PATCHES
+
+    return (*vllm_patches(), *PATCHES)
+
+
 def _patches_list(_: argparse.Namespace) -> int:
-    version = installed("vllm")
     print(
-        f"vllm {version or 'not installed'}"
+        f"vllm {installed('vllm') or 'not installed'}; "
+        f"speculators {installed('speculators') or 'not installed'}"
         + ("; SPECULATORS_HYBRID_DISABLE is set" if disabled() else "")
     )
-    for patch in vllm_patches():
+    for patch in all_patches():
         needed = patch.needed_for(installed(patch.project))
         state = "applies here" if needed else "not needed here"
         print(f"\n{patch.id}  [{state}]")
         print(f"  versions: {patch.project} {patch.versions}")
         print(f"  upstream: {patch.fixed_upstream}")
         for target in patch.targets:
-            print(f"  target:   {target.name}")
+            scope = f" ({patch.project} {target.versions})" if target.versions else ""
+            print(f"  target:   {target.name}{scope}")
         if needed:
             print(f"  check:    {_check(patch)}")
     return 0
 
 
-def _check(patch) -> str:
+def _check(patch: Patch) -> str:
     import importlib
 
     from speculators_hybrid.registry import PatchError
 
+    checker = Patcher(version_of=installed)
     try:
-        for target in patch.targets:
-            PATCHER.verify(patch, target, importlib.import_module(target.module))
+        for target in patch.targets_for(installed(patch.project)):
+            checker.verify(patch, target, importlib.import_module(target.module))
     except PatchError as exc:
         return f"FAILS: {exc}"
     except ImportError as exc:
@@ -82,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     doc.add_argument("--prefix-caching", action="store_true")
     doc.add_argument("--json", action="store_true")
     doc.set_defaults(func=_doctor)
+
+    launch.add_cli(sub)
+    check.add_cli(sub)
+    run.add_cli(sub)
 
     args = parser.parse_args(argv)
     return int(args.func(args))

@@ -22,6 +22,7 @@ class Setup:
     prefix_caching: bool = False
     max_model_len: int = 262144
     language_model_only: bool = True
+    chunked_prefill: bool | None = None  # None: vLLM's default
 
 
 def extraction_args(
@@ -54,9 +55,14 @@ def engine_config(setup: Setup) -> Any:
         max_model_len=setup.max_model_len,
         enable_prefix_caching=setup.prefix_caching,
         language_model_only=setup.language_model_only,
+        enable_chunked_prefill=setup.chunked_prefill,
         **extra,
     )
     config = args.create_engine_config()
+    if getattr(config.cache_config, "kv_cache_layout", "") is None:
+        # 0.29+: the engine core resolves the layout from the workers' backends; FlashAttention
+        # on a GPU resolves to NHD, the layout the hidden-states connectors ask for.
+        config.cache_config.kv_cache_layout = "NHD"
     # Tensor parallelism changes only per-rank head counts here; no process group is needed.
     config.parallel_config.tensor_parallel_size = setup.tp
     return config
@@ -139,16 +145,28 @@ def layer_specs(config: Any) -> dict[str, Any]:
     return specs
 
 
-def plan(config: Any, specs: dict[str, Any], memory_bytes: int) -> Any:
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+def planner() -> Any:
+    """vLLM's planning module: `kv_cache_planning` from 0.33, `kv_cache_utils` before."""
+    try:
+        from vllm.v1.core import kv_cache_planning
 
-    return get_kv_cache_configs(config, [dict(specs)], [memory_bytes])[0]
+        return kv_cache_planning
+    except ImportError:
+        from vllm.v1.core import kv_cache_utils
+
+        return kv_cache_utils
+
+
+def plan(config: Any, specs: dict[str, Any], memory_bytes: int) -> Any:
+    """One worker's KV-cache config, planned as the engine core plans it."""
+    module = planner()
+    if hasattr(module, "get_global_kv_cache_groups"):  # 0.33+: groups first, then configs
+        groups = module.get_global_kv_cache_groups(config, [dict(specs)])
+        return module.get_kv_cache_configs(config, [dict(specs)], [memory_bytes], groups)[0]
+    return module.get_kv_cache_configs(config, [dict(specs)], [memory_bytes])[0]
 
 
 def max_request_bytes(config: Any, kv_cache_config: Any) -> int:
     """Bytes vLLM's planner reserves for one request of `max_model_len` tokens."""
-    from vllm.v1.core import kv_cache_utils
-
-    return kv_cache_utils._max_memory_usage_bytes_from_groups(
-        config, kv_cache_config.kv_cache_groups
-    )
+    groups = kv_cache_config.kv_cache_groups
+    return int(planner()._max_memory_usage_bytes_from_groups(config, groups))

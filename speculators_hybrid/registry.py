@@ -40,10 +40,17 @@ class Target:
     wrapper: Wrapper
     # Accepted fingerprints of the original code, one per distinct upstream version.
     fingerprints: tuple[str, ...]
+    # Narrower than the patch's range where the code moved between releases.
+    versions: str | None = None
 
     @property
     def name(self) -> str:
         return f"{self.module}:{self.attr}"
+
+    def applies_to(self, version: str | None) -> bool:
+        return self.versions is None or (
+            version is not None and base_version(version) in SpecifierSet(self.versions)
+        )
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,9 @@ class Patch:
         if version is None:
             return False
         return base_version(version) in SpecifierSet(self.versions)
+
+    def targets_for(self, version: str | None) -> tuple[Target, ...]:
+        return tuple(t for t in self.targets if t.applies_to(version))
 
 
 def base_version(version: str) -> Version:
@@ -100,7 +110,7 @@ class Patcher:
                 raise self.failed
             self.selected = self.select(patches)
             self.active = True
-            for module in sorted({t.module for p in self.selected for t in p.targets}):
+            for module in sorted({t.module for p in self.selected for t in self._targets(p)}):
                 if module not in self._hooked:
                     self._hooked.add(module)  # fires now if already imported
                     wrapt.register_post_import_hook(self._on_import, module)
@@ -121,7 +131,14 @@ class Patcher:
     def applied(self) -> list[str]:
         """Ids of the patches whose every target is patched in this process."""
         with self._lock:
-            return [p.id for p in self.selected if all(t.name in self._applied for t in p.targets)]
+            return [
+                p.id
+                for p in self.selected
+                if all(t.name in self._applied for t in self._targets(p))
+            ]
+
+    def _targets(self, patch: Patch) -> tuple[Target, ...]:
+        return patch.targets_for(self.version_of(patch.project))
 
     def original(self, target: Target) -> Any:
         with self._lock:
@@ -158,7 +175,7 @@ class Patcher:
             todo = [
                 (p, t)
                 for p in self.selected
-                for t in p.targets
+                for t in self._targets(p)
                 if t.module == module.__name__ and t.name not in self._applied
             ]
             try:

@@ -8,7 +8,7 @@ and `token_ids` (int64, the prompt), its path returned as
 writes each file once, when the whole prompt has been computed (so a prompt longer than one
 prefill chunk still gives one complete file); one tensor-parallel rank writes; the file
 appears atomically (written aside, then renamed) while an exclusive `flock` is held on
-`<path>.lock`.
+`<path>.lock`, which is left for the reader to remove.
 """
 
 from __future__ import annotations
@@ -51,11 +51,14 @@ def read_slots(kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 def write_file(path: str, tensors: dict[str, torch.Tensor]) -> None:
-    """Write `path` so that no reader sees it incomplete; hold `<path>.lock` meanwhile."""
+    """Write `path` so that no reader sees it incomplete; hold `<path>.lock` meanwhile.
+
+    The lock file is left in place, as vLLM's own writer leaves it: speculators' readers
+    take the lock, read, then delete it themselves.
+    """
     from safetensors.torch import save_file
 
-    lock_path = f"{path}.lock"
-    with open(lock_path, "w") as lock:
+    with open(f"{path}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         aside = f"{path}.{os.getpid()}.part"
         try:
@@ -64,7 +67,6 @@ def write_file(path: str, tensors: dict[str, torch.Tensor]) -> None:
         finally:
             if os.path.exists(aside):
                 os.unlink(aside)
-            os.unlink(lock_path)
 
 
 @dataclass

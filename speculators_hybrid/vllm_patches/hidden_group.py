@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target
+from speculators_hybrid.vllm_patches.engine_block import remember_engine_block, restore_engine_block
 
 MODELS = "vllm.model_executor.models.extract_hidden_states"
 PLANNER = "vllm.v1.core.kv_cache_utils"
@@ -66,23 +67,11 @@ def _groups(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             f"found {sorted(pages)}; this layout is not supported yet."
         )
     page = pages.pop()
-    cache = vllm_config.cache_config
-    _ENGINE_BLOCK[id(cache)] = min(g.kv_cache_spec.block_size for g in groups)
+    remember_engine_block(vllm_config, groups)
+    block = vllm_config.cache_config.block_size
     for name, spec in hidden.items():
-        groups.append(KVCacheGroupSpec([name], fit_to_page(spec, page, cache.block_size)))
+        groups.append(KVCacheGroupSpec([name], fit_to_page(spec, page, block)))
     return groups
-
-
-# id(CacheConfig) -> the engine block size without the hidden-state group, per process.
-_ENGINE_BLOCK: dict[int, int] = {}
-
-
-def _engine_block(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    cache = instance.cache_config
-    block = _ENGINE_BLOCK.get(id(cache))
-    if block is not None and cache.block_size != block:
-        cache.block_size = block  # the engine just took min() over all groups, ours included
-    return wrapped(*args, **kwargs)
 
 
 def _manager(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -111,7 +100,7 @@ PATCH = Patch(
         Target(
             CONFIG,
             "VllmConfig.validate_block_size",
-            _engine_block,
+            restore_engine_block,
             ("2fbcd62a2770eb21", "154d40b568da2567"),  # 0.20.1, 0.21.0
         ),
     ),

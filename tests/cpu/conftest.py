@@ -27,6 +27,9 @@ from speculators_hybrid import planning  # noqa: E402
 from speculators_hybrid.models import write_config  # noqa: E402
 from speculators_hybrid.plugin import PATCHER, vllm_patches  # noqa: E402
 
+# vLLM 0.22.x refuses ExampleHiddenStatesConnector with chunked prefill (config/vllm.py); Mamba
+# prefix caching ("align" mode) needs chunked prefill, so 0.22.x cannot cache hybrid prefixes.
+NO_CHUNKED_PREFILL = (PATCHER.version_of("vllm") or "").startswith("0.22.")
 IDS = (2, 32, 61, 64)  # speculators' default for 64 layers: [2, n//2, n-3, n]
 MEMORY = 1 << 40  # planning only: enough for one 262,144-token request either way
 
@@ -69,6 +72,7 @@ def _base_config(
 ):
     set_shim(shim_on)
     setup = planning.Setup(
+        chunked_prefill=False if NO_CHUNKED_PREFILL else None,
         model=model_dir(preset),
         layer_ids=ids,
         prefix_caching=prefix_caching,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 import torch
@@ -47,4 +48,7 @@ def test_worker_writes_the_file_speculators_reads(shim, tmp_path):
     assert data["token_ids"].dtype == torch.int64 and data["token_ids"].tolist() == prompt
     assert data["hidden_states"].dtype == torch.bfloat16
     assert torch.equal(data["hidden_states"], states)
-    assert sorted(os.listdir(tmp_path)) == ["req-1.safetensors"]  # no lock or partial left
+    # No partial file left; the lock file stays, unlocked, for speculators' reader to remove.
+    assert sorted(os.listdir(tmp_path)) == ["req-1.safetensors", "req-1.safetensors.lock"]
+    with open(f"{path}.lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

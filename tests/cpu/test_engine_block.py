@@ -1,0 +1,62 @@
+"""hidden-block-divides-engine-block (vLLM >= 0.22): vLLM's own extraction planning, prefix
+caching on, through the engine core's block-size steps and the real scheduler."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import NO_CHUNKED_PREFILL, engine_config, engine_scheduler, needs
+
+from speculators_hybrid import planning
+
+pytestmark = [
+    needs("hidden-block-divides-engine-block"),
+    pytest.mark.skipif(
+        NO_CHUNKED_PREFILL, reason="vLLM 0.22.x: no prefix caching for hybrid extraction"
+    ),
+]
+
+MEMORY = 8 << 30
+
+
+def _hidden(kv):
+    from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
+
+    return [g for g in kv.kv_cache_groups if isinstance(g.kv_cache_spec, HiddenStateCacheSpec)]
+
+
+def test_without_shim_prefix_caching_breaks_the_engine_block_size(no_shim):
+    config = engine_config(prefix_caching=True, max_model_len=8192)
+    kv = planning.plan(config, planning.layer_specs(config), MEMORY)
+    model_block = config.cache_config.block_size
+    (hidden,) = _hidden(kv)
+    assert hidden.kv_cache_spec.block_size < model_block
+    try:
+        scheduler, _ = engine_scheduler(config, kv)
+    except AssertionError as exc:  # 0.25.0: the crash reported for prefix caching
+        assert "divisible by hash_block_size" in str(exc)
+        return
+    # 0.29/0.33 start, but with the hidden group's block as the engine's: Mamba prefill
+    # chunks are aligned to it instead of the model's block.
+    assert config.cache_config.block_size == hidden.kv_cache_spec.block_size != model_block
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_with_shim_prefix_caching_starts_with_the_models_block_size(shim, tp):
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+    config = engine_config(prefix_caching=True, max_model_len=8192, tp=tp)
+    kv = planning.plan(config, planning.layer_specs(config), MEMORY)
+    model_block = config.cache_config.block_size
+    (hidden,) = _hidden(kv)
+    assert hidden.layer_names == ["cache_only_layers.64"]
+    assert model_block % hidden.kv_cache_spec.block_size == 0
+    assert (
+        hidden.kv_cache_spec.page_size_bytes == kv.kv_cache_groups[0].kv_cache_spec.page_size_bytes
+    )
+    scheduler, request = engine_scheduler(config, kv)
+    assert config.cache_config.block_size == model_block
+    _, hash_block = resolve_kv_cache_block_sizes(kv, config)
+    assert all(g.kv_cache_spec.block_size % hash_block == 0 for g in kv.kv_cache_groups)
+    scheduler.add_request(request("r", list(range(1, 3 * model_block + 7))))
+    out = scheduler.schedule()
+    assert out.num_scheduled_tokens["r"] > 0
