@@ -50,7 +50,9 @@ def read_slots(kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return kv_cache[slots // block_size, slots % block_size]
 
 
-def write_file(path: str, tensors: dict[str, torch.Tensor]) -> None:
+def write_file(
+    path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
     """Write `path` so that no reader sees it incomplete; hold `<path>.lock` meanwhile.
 
     The lock file is left in place, as vLLM's own writer leaves it: speculators' readers
@@ -62,7 +64,7 @@ def write_file(path: str, tensors: dict[str, torch.Tensor]) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         aside = f"{path}.{os.getpid()}.part"
         try:
-            save_file(tensors, aside)
+            save_file(tensors, aside, metadata=metadata)
             os.replace(aside, path)
         finally:
             if os.path.exists(aside):
@@ -152,6 +154,7 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         if len(layers) != 1:
             raise ValueError(f"expected one hidden-state cache layer, found {sorted(layers)}")
         self._layer = next(iter(layers))
+        self._provenance = provenance(self._vllm_config)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         return None
@@ -175,7 +178,7 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         for save in meta.saves:
             hidden = read_slots(kv_layer, save.slots).cpu()
             tokens = torch.tensor(save.token_ids, dtype=torch.int64)
-            write_file(save.path, {"hidden_states": hidden, "token_ids": tokens})
+            write_file(save.path, {"hidden_states": hidden, "token_ids": tokens}, self._provenance)
 
     # ---- scheduler side ----
     def get_num_new_matched_tokens(
@@ -244,6 +247,29 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
         return "NHD"  # one token's hidden states contiguous, as the stock connector asks
+
+
+def provenance(vllm_config: VllmConfig) -> dict[str, str]:
+    """Who wrote a file, as safetensors metadata (readers that ignore metadata are unaffected)."""
+    import hashlib
+    import json
+
+    import speculators_hybrid
+    from speculators_hybrid.plugin import PATCHER
+    from speculators_hybrid.versions import installed
+
+    model = vllm_config.model_config
+    draft = vllm_config.speculative_config.draft_model_config.hf_config  # type: ignore[union-attr]
+    config_json = json.dumps(model.hf_config.to_dict(), sort_keys=True, default=str)
+    return {
+        "writer": "speculators-hybrid",
+        "speculators_hybrid_version": speculators_hybrid.__version__,
+        "vllm_version": installed("vllm") or "unknown",
+        "speculators_hybrid_patches": json.dumps([p.id for p in PATCHER.selected]),
+        "layer_ids": json.dumps(list(draft.eagle_aux_hidden_state_layer_ids)),
+        "model": str(model.model),
+        "model_config_sha256": hashlib.sha256(config_json.encode()).hexdigest(),
+    }
 
 
 def _writes_files() -> bool:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 
 import torch
 from conftest import engine_config, needs
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from speculators_hybrid import planning
@@ -44,6 +46,12 @@ def test_worker_writes_the_file_speculators_reads(shim, tmp_path):
     connector.save_kv_layer(name, cache, None)
 
     data = load_file(path)
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+    assert meta["writer"] == "speculators-hybrid" and meta["vllm_version"].startswith("0.2")
+    assert json.loads(meta["layer_ids"]) == [2, 5, 8]
+    assert "hidden-states-write-slots" in json.loads(meta["speculators_hybrid_patches"])
+    assert meta["model"] == config.model_config.model and len(meta["model_config_sha256"]) == 64
     assert set(data) == {"hidden_states", "token_ids"}
     assert data["token_ids"].dtype == torch.int64 and data["token_ids"].tolist() == prompt
     assert data["hidden_states"].dtype == torch.bfloat16
