@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from speculators_hybrid.registry import Patch
-from speculators_hybrid.vllm_patches import engine_block, hidden_group, hidden_write, hma_config
+from speculators_hybrid.vllm_patches import (
+    engine_block,
+    hidden_group,
+    hidden_write,
+    hma_config,
+    prefix_caching,
+)
 
 PATCHES: tuple[Patch, ...] = (
     hma_config.PATCH,
     hidden_group.PATCH,
     hidden_write.PATCH,
     engine_block.PATCH,
+    prefix_caching.PATCH,
 )

@@ -1,5 +1,6 @@
-"""hidden-block-divides-engine-block (vLLM >= 0.22): vLLM's own extraction planning, prefix
-caching on, through the engine core's block-size steps and the real scheduler."""
+"""hidden-block-divides-engine-block and no-prefix-caching-for-hybrid-extraction (vLLM >= 0.22):
+vLLM's own extraction planning through the engine core's block-size steps and the real
+scheduler."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytestmark = [
     ),
 ]
 
-MEMORY = 8 << 30
+MEMORY = 32 << 30
 
 
 def _hidden(kv):
@@ -41,10 +42,11 @@ def test_without_shim_prefix_caching_breaks_the_engine_block_size(no_shim):
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
-def test_with_shim_prefix_caching_starts_with_the_models_block_size(shim, tp):
-    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
-
+def test_with_shim_the_engine_keeps_the_models_block_size(shim, tp):
     config = engine_config(prefix_caching=True, max_model_len=8192, tp=tp)
+    # no-prefix-caching-for-hybrid-extraction: asked for, turned off (wrong hidden states
+    # measured on a GPU with vLLM 0.25.0 after a prefix-cache hit).
+    assert config.cache_config.enable_prefix_caching is False
     kv = planning.plan(config, planning.layer_specs(config), MEMORY)
     model_block = config.cache_config.block_size
     (hidden,) = _hidden(kv)
@@ -55,8 +57,6 @@ def test_with_shim_prefix_caching_starts_with_the_models_block_size(shim, tp):
     )
     scheduler, request = engine_scheduler(config, kv)
     assert config.cache_config.block_size == model_block
-    _, hash_block = resolve_kv_cache_block_sizes(kv, config)
-    assert all(g.kv_cache_spec.block_size % hash_block == 0 for g in kv.kv_cache_groups)
     scheduler.add_request(request("r", list(range(1, 3 * model_block + 7))))
     out = scheduler.schedule()
     assert out.num_scheduled_tokens["r"] > 0

@@ -11,11 +11,11 @@ from speculators_hybrid.registry import base_version
 NEEDED = {
     "0.20.1": {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
     "0.21.0": {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
-    "0.22.1": {"hidden-block-divides-engine-block"},
-    "0.24.0": {"hidden-block-divides-engine-block"},
-    "0.25.0": {"hidden-block-divides-engine-block"},
-    "0.29.0": {"hidden-block-divides-engine-block"},
-    "0.33.0": {"hidden-block-divides-engine-block"},
+    "0.22.1": {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
+    "0.24.0": {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
+    "0.25.0": {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
+    "0.29.0": {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
+    "0.33.0": {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
 }
 
 

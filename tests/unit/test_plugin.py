@@ -43,8 +43,14 @@ def test_without_vllm_nothing_is_armed(monkeypatch):
             "0.21.0",
             {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
         ),
-        ("0.22.0", {"hidden-block-divides-engine-block"}),
-        ("0.25.0", {"hidden-block-divides-engine-block"}),
+        (
+            "0.22.0",
+            {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
+        ),
+        (
+            "0.25.0",
+            {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
+        ),
     ],
 )
 def test_each_vllm_version_selects_the_patches_it_needs(version, expected):
