@@ -8,7 +8,10 @@ and `token_ids` (int64, the prompt), its path returned as
 writes each file once, when the whole prompt has been computed (so a prompt longer than one
 prefill chunk still gives one complete file); one tensor-parallel rank writes; the file
 appears atomically (written aside, then renamed) while an exclusive `flock` is held on
-`<path>.lock`, which is left for the reader to remove.
+`<path>.lock`, which is left for the reader to remove. Opt-in guard
+(`kv_connector_extra_config["refuse_bad_hidden_states"]` or `SPECULATORS_HYBRID_REFUSE_BAD=1`):
+a file with NaN/Inf or all-zero token rows is not written; the request's
+`kv_transfer_params` then carry no path and a `hidden_states_error` saying why.
 """
 
 from __future__ import annotations
@@ -131,6 +134,7 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
             self._kv_transfer_config.get_from_extra_config("shared_storage_path", "/tmp")
         )
         self._prompts: dict[str, _Prompt] = {}
+        self._guard = guard_enabled(self._kv_transfer_config.get_from_extra_config)
         self._layer: str | None = None
         self._group = -1
         self._block_size = 0
@@ -177,6 +181,12 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         os.makedirs(self._dir, exist_ok=True)
         for save in meta.saves:
             hidden = read_slots(kv_layer, save.slots).cpu()
+            problem = bad_rows(hidden) if self._guard else None
+            if problem is not None:
+                logger.error("speculators-hybrid: refusing %s: %s", save.path, problem)
+                with open(f"{save.path}.rejected", "w") as marker:
+                    marker.write(problem)
+                continue
             tokens = torch.tensor(save.token_ids, dtype=torch.int64)
             write_file(save.path, {"hidden_states": hidden, "token_ids": tokens}, self._provenance)
 
@@ -237,6 +247,12 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         prompt = self._prompts.pop(request.request_id, None)
         if prompt is None or not prompt.saved:
             return False, None
+        rejected = f"{prompt.path}.rejected"
+        if self._guard and os.path.exists(rejected):
+            with open(rejected) as marker:
+                problem = marker.read()
+            # No path: the client's request fails, naming why, and nothing reaches training.
+            return False, {"hidden_states_path": None, "hidden_states_error": problem}
         return False, {"hidden_states_path": prompt.path}
 
     def request_finished_all_groups(
@@ -247,6 +263,32 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
         return "NHD"  # one token's hidden states contiguous, as the stock connector asks
+
+
+GUARD_ENV = "SPECULATORS_HYBRID_REFUSE_BAD"
+GUARD_KEY = "refuse_bad_hidden_states"  # in kv_connector_extra_config
+
+
+def guard_enabled(extra_config: Any) -> bool:
+    """Opt-in: `kv_connector_extra_config[GUARD_KEY]` or the `GUARD_ENV` variable."""
+    flag = str(os.environ.get(GUARD_ENV, "")).strip().lower() in ("1", "true", "yes")
+    return flag or bool(extra_config(GUARD_KEY, False))
+
+
+def bad_rows(hidden: torch.Tensor) -> str | None:
+    """Why `hidden` [tokens, ids, hidden] must not be published, or None."""
+    finite = torch.isfinite(hidden).reshape(hidden.shape[0], -1).all(dim=1)
+    if not bool(finite.all()):
+        return f"NaN or Inf at token rows {_first(~finite)}"
+    zero = (hidden == 0).reshape(hidden.shape[0], -1).all(dim=1)
+    if bool(zero.any()):
+        return f"all-zero hidden states at token rows {_first(zero)}"
+    return None
+
+
+def _first(mask: torch.Tensor, n: int = 8) -> str:
+    rows = mask.nonzero().flatten().tolist()
+    return ", ".join(map(str, rows[:n])) + (f" (+{len(rows) - n} more)" if len(rows) > n else "")
 
 
 def provenance(vllm_config: VllmConfig) -> dict[str, str]:

@@ -98,3 +98,22 @@ def test_engine_block_size_stays_the_models(setup):
     assert kv.kv_cache_groups[group].kv_cache_spec.block_size < engine_block
     assert config.cache_config.block_size == engine_block
     assert scheduler.block_size == engine_block  # scheduler block: mamba chunk alignment
+
+
+def test_guard_turns_a_refused_file_into_a_request_error(setup, tmp_path):
+    config, kv, scheduler, request, group = setup
+    # As if built with kv_connector_extra_config {"refuse_bad_hidden_states": true}.
+    scheduler.connector._guard = True
+    scheduler.connector._dir = str(tmp_path)
+    req = request("refused", list(range(1, 50)))
+    scheduler.add_request(req)
+    out = scheduler.schedule()
+    (save,) = out.kv_connector_metadata.saves
+    with open(f"{save.path}.rejected", "w") as marker:  # what the worker leaves when it refuses
+        marker.write("all-zero hidden states at token rows 3")
+    results = scheduler.update_from_output(out, model_output(out, {"refused": 7}))
+    (output,) = [o for eco in results.values() for o in eco.outputs]
+    assert output.kv_transfer_params == {
+        "hidden_states_path": None,
+        "hidden_states_error": "all-zero hidden states at token rows 3",
+    }

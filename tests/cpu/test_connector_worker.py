@@ -60,3 +60,39 @@ def test_worker_writes_the_file_speculators_reads(shim, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["req-1.safetensors", "req-1.safetensors.lock"]
     with open(f"{path}.lock") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_guard_refuses_nan_or_all_zero_rows(shim, tmp_path, monkeypatch):
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    config = engine_config(preset="tiny", ids=(2, 5, 8), prefix_caching=True, max_model_len=4096)
+    config.kv_transfer_config.kv_connector_extra_config["shared_storage_path"] = str(tmp_path)
+    config.kv_transfer_config.kv_connector_extra_config["refuse_bad_hidden_states"] = True
+    name, _layer = planning.hidden_state_layer(config)
+    connector = HybridHiddenStatesConnector(config, KVConnectorRole.WORKER)
+    cache = torch.randn(8, 16, 3, 256).to(torch.bfloat16)
+    connector.register_kv_caches({name: cache})
+
+    slots = slots_for([1, 2], 16, 20)
+    cache[2, 1] = 0  # token 17: all ids, all zero (what vLLM 0.24.x was reported to write)
+    saves = [
+        SaveRequest("zero", str(tmp_path / "zero.safetensors"), list(range(20)), slots),
+        SaveRequest("good", str(tmp_path / "good.safetensors"), list(range(16)), slots[:16]),
+    ]
+    connector.bind_connector_metadata(HiddenStatesMetadata(saves))
+    connector.save_kv_layer(name, cache, None)
+    assert not (tmp_path / "zero.safetensors").exists()
+    assert (
+        "all-zero hidden states at token rows 17"
+        in (tmp_path / "zero.safetensors.rejected").read_text()
+    )
+    assert (tmp_path / "good.safetensors").exists()
+
+    cache[1, 3, 0, 0] = float("nan")  # token 3
+    connector.bind_connector_metadata(
+        HiddenStatesMetadata(
+            [SaveRequest("nan", str(tmp_path / "nan.safetensors"), [1] * 16, slots[:16])]
+        )
+    )
+    connector.save_kv_layer(name, cache, None)
+    assert "NaN or Inf at token rows 3" in (tmp_path / "nan.safetensors.rejected").read_text()
