@@ -275,7 +275,11 @@ def check_case(
     assert not problems, f"{case}:\n" + "\n".join(problems)
     if prefix_caching:
         hits = [r["num_cached_tokens"] or 0 for r in rows if r["prompt"].startswith("batch1/")]
-        assert max(hits) > 0, f"{case}: prefix caching on but no cache hit in batch 1: {hits}"
+        if any("prefix caching turned off" in line for line in data["plugin_lines"]):
+            # no-prefix-caching-for-hybrid-extraction (vLLM >= 0.22) said so: no hits expected.
+            assert max(hits) == 0, f"{case}: caching reported off, yet hits: {hits}"
+        else:
+            assert max(hits) > 0, f"{case}: prefix caching on but no cache hit in batch 1: {hits}"
 
 
 @pytest.fixture(scope="module")
