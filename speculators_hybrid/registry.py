@@ -29,6 +29,11 @@ logger = logging.getLogger("vllm.speculators_hybrid")
 Wrapper = Callable[[Any, Any, tuple, dict], Any]
 
 
+def argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+    """A wrapped call's argument, passed by position or by name."""
+    return args[index] if len(args) > index else kwargs[name]
+
+
 class PatchError(RuntimeError):
     """A target of a selected patch is missing or is not the code the patch was written for."""
 

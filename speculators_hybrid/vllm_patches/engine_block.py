@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from speculators_hybrid.registry import Patch, Target
+from speculators_hybrid.registry import Patch, Target, argument
 
 # id(CacheConfig) -> the engine block size without the hidden-state group, per process.
 ENGINE_BLOCK: dict[int, int] = {}
@@ -43,7 +43,7 @@ def _refit_hidden_group(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
     from speculators_hybrid.vllm_patches.spec import fit_to_page
 
     groups = wrapped(*args, **kwargs)
-    vllm_config = args[0] if args else kwargs["vllm_config"]
+    vllm_config = argument(args, kwargs, 0, "vllm_config")
     hidden = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, HiddenStateCacheSpec)]
     model = [g for i, g in enumerate(groups) if i not in hidden]
     if not hidden or not model:

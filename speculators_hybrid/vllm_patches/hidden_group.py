@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from speculators_hybrid.registry import Patch, Target
+from speculators_hybrid.registry import Patch, Target, argument
 from speculators_hybrid.vllm_patches.engine_block import remember_engine_block, restore_engine_block
 
 MODELS = "vllm.model_executor.models.extract_hidden_states"
@@ -36,17 +36,13 @@ def _marked_spec(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return mark(wrapped(*args, **kwargs))
 
 
-def _arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
-    return args[index] if len(args) > index else kwargs[name]
-
-
 def _groups(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec, MambaSpec
 
     from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec, fit_to_page, plain
 
-    vllm_config = _arg(args, kwargs, 0, "vllm_config")
-    specs = _arg(args, kwargs, 1, "kv_cache_spec")
+    vllm_config = argument(args, kwargs, 0, "vllm_config")
+    specs = argument(args, kwargs, 1, "kv_cache_spec")
     hidden = {n: s for n, s in specs.items() if isinstance(s, HiddenStatesCacheSpec)}
     if not hidden:
         return wrapped(*args, **kwargs)
