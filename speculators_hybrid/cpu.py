@@ -24,9 +24,7 @@ class _Inert:
         self._name = name
 
     def __getattr__(self, attr: str) -> _Inert:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return _Inert(f"{self._name}.{attr}")
+        return inert_attribute(self._name, attr)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(f"{self._name}: torchvision is not installed (CPU planning only)")

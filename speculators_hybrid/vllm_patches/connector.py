@@ -30,6 +30,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from speculators_hybrid.vllm_patches.hidden_write import block_index
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -48,9 +50,7 @@ def slots_for(block_ids: list[int], block_size: int, num_tokens: int) -> torch.T
 
 def read_slots(kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Rows of a [blocks, block_size, ids, hidden] cache view (page-padded or not)."""
-    block_size = kv_cache.shape[1]
-    slots = slots.to(kv_cache.device)
-    return kv_cache[slots // block_size, slots % block_size]
+    return kv_cache[block_index(kv_cache, slots.to(kv_cache.device))]
 
 
 def write_file(

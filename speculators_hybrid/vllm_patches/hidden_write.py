@@ -22,13 +22,19 @@ MODELS = "vllm.model_executor.models.extract_hidden_states"
 PROPOSER = "vllm.v1.spec_decode.extract_hidden_states"
 
 
+def block_index(kv_cache: Any, slots: Any) -> tuple[Any, Any]:
+    """(block, offset) of each slot in a [blocks, block_size, ids, hidden] view, padded or not:
+    per-block indexing works on the strided view of a page-padded cache; flattening does not."""
+    block_size = kv_cache.shape[1]
+    return slots // block_size, slots % block_size
+
+
 def store(to_cache: Any, kv_cache: Any, slot_mapping: Any) -> None:
-    """kv_cache[slot] = to_cache for a [blocks, block_size, ids, hidden] view, padded or not."""
+    """kv_cache[slot] = to_cache; padding slots (-1) go to slot 0 of the null block 0."""
     import torch
 
-    block_size = kv_cache.shape[1]
     slots = torch.where(slot_mapping >= 0, slot_mapping, torch.zeros_like(slot_mapping))
-    kv_cache[slots // block_size, slots % block_size] = to_cache
+    kv_cache[block_index(kv_cache, slots)] = to_cache
 
 
 def _store(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:
