@@ -1,7 +1,9 @@
-"""Model configs the package builds itself: no hub, no weights.
+"""Model configs the package builds itself: no hub.
 
 `write_config(folder, preset)` writes a `config.json` that vLLM and transformers load
 offline. Presets are Qwen3.5-family hybrids (Gated DeltaNet : full attention = 3 : 1).
+`save_random_model` (needs torch and transformers) saves random weights for GPU tests and
+benchmarks.
 """
 
 from __future__ import annotations
@@ -45,6 +47,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         mrope_section=[3, 3, 2],
     ),
 }
+
+
+# GPU benchmarks: 8 layers (6 GDN + 2 full attention) at a 9B-class width, small vocabulary.
+PRESETS["wide-8l"] = dict(
+    PRESETS["qwen3.6-27b-like"],
+    layers=8,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_attention_heads=16,
+    linear_num_value_heads=32,
+    vocab_size=2048,
+    max_position_embeddings=32768,
+)
 
 
 def text_config(preset: str) -> dict[str, Any]:
@@ -111,4 +126,31 @@ def write_config(folder: str | Path, preset: str = "tiny", multimodal: bool = Tr
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config_dict(preset, multimodal), indent=2))
+    return folder
+
+
+def hf_config(preset: str = "tiny", multimodal: bool = True) -> Any:
+    """transformers' config of a preset; end-of-text and padding are id 0 (no BOS)."""
+    from transformers import Qwen3_5Config, Qwen3_5TextConfig
+
+    raw = config_dict(preset, multimodal)
+    text = raw["text_config"] if multimodal else raw
+    text.update(eos_token_id=0, pad_token_id=0, bos_token_id=None)
+    return Qwen3_5Config(**raw) if multimodal else Qwen3_5TextConfig(**raw)
+
+
+def save_random_model(
+    folder: str | Path, model_cls: Any, config: Any, seed: int = 0, device: str = "cpu"
+) -> Path:
+    """`model_cls(config)` with transformers' random init (built on `device`), saved in bf16."""
+    import torch
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = model_cls(config).eval()
+    model = model.to(torch.bfloat16)
+    model.config.dtype = torch.bfloat16  # written as "dtype": "bfloat16"
+    model.save_pretrained(folder, safe_serialization=True)
     return folder

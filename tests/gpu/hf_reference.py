@@ -24,16 +24,9 @@ VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision
 
 def tiny_config(multimodal: bool = True) -> Any:
     """The transformers config of the 'tiny' preset (speculators_hybrid.models)."""
-    from transformers import Qwen3_5Config, Qwen3_5TextConfig
+    from speculators_hybrid.models import hf_config
 
-    from speculators_hybrid.models import config_dict
-
-    raw = config_dict("tiny", multimodal)
-    text = raw["text_config"] if multimodal else raw
-    text.update(eos_token_id=0, pad_token_id=0, bos_token_id=None)
-    if not multimodal:
-        return Qwen3_5TextConfig(**raw)
-    return Qwen3_5Config(**raw)
+    return hf_config("tiny", multimodal)
 
 
 def write_tokenizer(folder: str | Path, vocab_size: int) -> None:
@@ -90,18 +83,14 @@ def build_tiny_model(folder: str | Path, multimodal: bool = True, seed: int = 0)
     """Random-weight tiny Qwen3.5 hybrid (8 layers, GDN:attention 3:1): bf16 + tokenizer."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    from speculators_hybrid.models import save_random_model
+
     config = tiny_config(multimodal)
-    torch.manual_seed(seed)
     cls = Qwen3_5ForConditionalGeneration if multimodal else Qwen3_5ForCausalLM
     # transformers' default init keeps the stream well-conditioned here (per-id rms 0.02-0.07,
     # tokens nearly orthogonal, each layer moves the stream: cos(id i, id i-1) 0.64-0.93), so
     # no rescaling; a bf16 forward stays within cos 0.9997 of fp32 on 1500 tokens.
-    model = cls(config).eval()
-    model = model.to(torch.bfloat16)
-    model.config.dtype = torch.bfloat16  # written as "dtype": "bfloat16"
-    model.save_pretrained(folder, safe_serialization=True)
+    folder = save_random_model(folder, cls, config, seed)
     vocab = (config.text_config if multimodal else config).vocab_size
     write_tokenizer(folder, vocab)
     return folder

@@ -1,0 +1,27 @@
+#!/bin/bash
+# The extraction benchmark on the GPU machine, from the repository root there, once vLLM and
+# this project are staged and installed (benchmarks/README.md gives the whole sequence):
+#   bash benchmarks/device.sh            # the plugin as installed (needed on vLLM 0.20.1 hybrids)
+#   bash benchmarks/device.sh upstream   # SPECULATORS_HYBRID_DISABLE=1: vLLM as released (0.25.0)
+# More arguments go to benchmarks/extraction.py (e.g. --models hybrid, --cuda-graphs off).
+# Back in $OUT/bench: one JSON per engine, table.md, logs.tgz (the engines' full logs); <= 8 files.
+# Expected: 5-8 min on an H200 (4 engine starts with torch.compile + CUDA graphs dominate; the
+# timed passes take seconds); the models are built once per warm machine (~1 min).
+set -uo pipefail
+case "${1:-plugin}" in
+  plugin) flag=on ;;
+  upstream) flag=off ;;
+  *) echo "usage: bash benchmarks/device.sh [plugin|upstream] [extraction.py args...]" >&2; exit 2 ;;
+esac
+shift || true
+out=${OUT:-/tmp/out}/bench
+work=/tmp/spec-hybrid-bench
+mkdir -p "$out" "$work"
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+df -h /tmp | tail -1
+timeout "${BENCH_TIMEOUT:-540}" bash .device/bin/on-device.sh run \
+  python3 benchmarks/extraction.py --plugin "$flag" --out "$out" --work "$work" "$@" \
+  2>&1 | tee "$work/driver.log"
+rc=$?
+tar czf "$out/logs.tgz" -C "$work" driver.log runs 2>/dev/null
+exit $rc

@@ -1,0 +1,225 @@
+"""One vLLM engine of the extraction benchmark, run in a fresh process by `extraction.py`.
+
+Plain mode runs the prompts with `max_tokens=1`; extract mode adds speculators' settings
+(`planning.extraction_args`). Each timed pass records when `generate` returned and, in
+extract mode, when every file was complete: present, its `<path>.lock` free, whole (size as
+its safetensors header says) with `hidden_states.shape[0] == len(prompt)`. Files are checked
+against the contract once (not timed), then deleted with their locks.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+POLL_S = 0.002
+
+
+def make_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """Random token ids in 1..vocab-5 (0 is end-of-text, the last four are vision specials)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(1, vocab - 4) for _ in range(length)] for _ in range(count)]
+
+
+def engine_kwargs(spec: dict[str, Any], fields: set[str]) -> dict[str, Any]:
+    """`LLM(**kwargs)` for a run spec; `fields` are the installed `EngineArgs` field names."""
+    from speculators_hybrid.planning import extraction_args
+
+    kwargs: dict[str, Any] = dict(
+        model=spec["folder"],
+        tokenizer=spec["folder"],
+        enforce_eager=spec["eager"],
+        enable_prefix_caching=False,
+        kv_cache_memory_bytes=spec["kv_cache_bytes"],
+        gpu_memory_utilization=spec["gpu_memory_utilization"],
+        max_num_seqs=spec["max_num_seqs"],
+        max_num_batched_tokens=spec["max_num_batched_tokens"],
+        max_model_len=spec["max_model_len"],
+        seed=0,
+    )
+    if spec["mode"] == "extract":
+        kwargs.update(extraction_args(tuple(spec["layer_ids"]), spec["storage"]))
+    if spec["multimodal"]:
+        kwargs["language_model_only"] = True
+    if spec["hybrid"] and "gdn_prefill_backend" in fields:
+        kwargs["gdn_prefill_backend"] = "triton"  # FlashInfer is not staged on the device
+    return kwargs
+
+
+def header_rows(path: str) -> int | None:
+    """`hidden_states` rows if `path` is a whole safetensors file (size as its header says)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        size = os.fstat(f.fileno()).st_size
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < n <= size - 8:
+            return None
+        try:
+            meta = json.loads(f.read(n))
+            end = max(v["data_offsets"][1] for k, v in meta.items() if k != "__metadata__")
+            rows = meta["hidden_states"]["shape"][0]
+        except (ValueError, KeyError, TypeError, IndexError):
+            return None
+    return rows if size == 8 + n + end else None
+
+
+def file_complete(path: str, tokens: int) -> bool:
+    """The file is there, nobody holds its lock, and it is whole with `tokens` rows."""
+    if not os.path.exists(path):
+        return False
+    try:
+        fd = os.open(f"{path}.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        fd = -1
+    try:
+        if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # the writer holds LOCK_EX
+        return header_rows(path) == tokens
+    except OSError:  # lock held, or the file went away
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def wait_for_files(expected: dict[str, int], timeout_s: float) -> tuple[float, list[str]]:
+    """Poll until every file is complete; (monotonic time the last one was, still missing)."""
+    pending = dict(expected)
+    last = time.perf_counter()
+    deadline = last + timeout_s
+    while pending and time.perf_counter() < deadline:
+        for path in [p for p, n in pending.items() if file_complete(p, n)]:
+            del pending[path]
+            last = time.perf_counter()
+        if pending:
+            time.sleep(POLL_S)
+    return last, sorted(pending)
+
+
+def check_file(path: str, prompt: list[int], n_ids: int, hidden: int) -> str | None:
+    """What is wrong with one file against the contract, or None."""
+    import torch
+    from safetensors.torch import load_file
+
+    data = load_file(path)
+    states, tokens = data.get("hidden_states"), data.get("token_ids")
+    if states is None or tokens is None:
+        return f"keys {sorted(data)}"
+    if tuple(states.shape) != (len(prompt), n_ids, hidden):
+        return f"shape {tuple(states.shape)}"
+    if tokens.dtype != torch.int64 or tokens.tolist() != prompt:
+        return "token_ids differ from the prompt"
+    if not torch.isfinite(states).all():
+        return "NaN/Inf"
+    if (states == 0).all(dim=-1).any():
+        return "all-zero rows"
+    return None
+
+
+def clear(folder: str) -> None:
+    """Delete the files (and their locks) of a pass."""
+    for path in Path(folder).iterdir():
+        path.unlink(missing_ok=True)
+
+
+def one_pass(llm: Any, spec: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any]:
+    """Generate once; time the return and (extract mode) the files; leave the files."""
+    from vllm import SamplingParams
+
+    t0 = time.perf_counter()
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=1), use_tqdm=False
+    )
+    returned = time.perf_counter() - t0
+    tokens = sum(map(len, prompts))
+    row: dict[str, Any] = {"tokens": tokens, "returned_s": returned}
+    if spec["mode"] != "extract":
+        return row
+    paths = [(o.kv_transfer_params or {}).get("hidden_states_path") for o in outputs]
+    expected = {p: len(q) for p, q in zip(paths, prompts, strict=True) if p}
+    done, missing = wait_for_files(expected, spec["file_timeout_s"])
+    if missing:  # a writer that waits for another engine step: give it one, say so
+        llm.generate([{"prompt_token_ids": prompts[0][:16]}], SamplingParams(max_tokens=1))
+        _, missing = wait_for_files({p: expected[p] for p in missing}, spec["file_timeout_s"])
+        row["needed_another_step"] = True
+    timed = not missing and "needed_another_step" not in row and None not in paths
+    row.update(
+        files_s=done - t0 if timed else None,
+        paths=paths,
+        without_path=paths.count(None),
+        incomplete=len(missing),
+        file_bytes=sum(os.path.getsize(p) for p in expected if os.path.exists(p)),
+    )
+    return row
+
+
+def median_rate(rows: list[dict[str, Any]], key: str) -> float | None:
+    rates = [r["tokens"] / r[key] for r in rows if r.get(key)]
+    return statistics.median(rates) if len(rates) == len(rows) else None
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    import dataclasses
+
+    import torch
+    import vllm
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    kwargs = engine_kwargs(spec, fields)
+    print(f"bench-engine: vllm {vllm.__version__} pid {os.getpid()} kwargs {kwargs}", flush=True)
+    t = time.perf_counter()
+    llm = LLM(**kwargs)
+    startup = time.perf_counter() - t
+    cache = llm.llm_engine.vllm_config.cache_config  # blocks as the engine core reported them
+    n = spec["prompts"]
+    for w in range(spec["warmup"]):
+        one_pass(llm, spec, make_prompts(n, spec["prompt_len"], spec["vocab"], 1000 + w))
+        clear(spec["storage"])
+    rows, problems = [], []
+    for r in range(spec["repeats"]):
+        prompts = make_prompts(n, spec["prompt_len"], spec["vocab"], r)
+        row = one_pass(llm, spec, prompts)
+        paths = row.pop("paths", [])
+        if r == 0 and spec["mode"] == "extract":  # the contract, once, untimed
+            for path, prompt in zip(paths, prompts, strict=True):
+                if not path or not os.path.exists(path):
+                    problems.append(f"{path}: no file")
+                elif issue := check_file(path, prompt, len(spec["layer_ids"]), spec["hidden"]):
+                    problems.append(f"{path}: {issue}")
+        clear(spec["storage"])
+        rows.append(row)
+        print(f"bench-engine: pass {r} {row}", flush=True)
+    tokens = sum(r["tokens"] for r in rows)
+    file_bytes = sum(r.get("file_bytes", 0) for r in rows)
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": torch.cuda.get_device_name(0),
+        "vllm": vllm.__version__,
+        "torch": torch.__version__,
+        "startup_s": startup,
+        "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
+        "block_size": cache.block_size,
+        "passes": rows,
+        "tokens_per_s_returned": median_rate(rows, "returned_s"),
+        "tokens_per_s_files": median_rate(rows, "files_s") if spec["mode"] == "extract" else None,
+        "file_bytes_per_token": file_bytes / tokens if spec["mode"] == "extract" else None,
+        "file_problems": problems[:10],
+        "file_problem_count": len(problems),
+    }
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    result = run(spec)
+    out = Path(spec["result"])
+    out.with_suffix(".tmp").write_text(json.dumps(result, indent=1))
+    out.with_suffix(".tmp").rename(out)
+    print("bench-engine: done", flush=True)

@@ -1,0 +1,452 @@
+"""Hidden-state extraction against plain prefill on one GPU: tokens/s, KV capacity, file bytes.
+
+For a non-hybrid control (Qwen3 layout) and a hybrid (Qwen3.5 layout, `models.PRESETS`), both
+built here with random weights, each engine in a fresh process (clean GPU memory):
+
+- plain:   `LLM.generate` on token-id prompts, `max_tokens=1`, no extraction;
+- extract: the same with speculators' `speculative_config` + `kv_transfer_config`
+           (`planning.extraction_args`), timed until `generate` returns and until every
+           file is complete (see `engine.py`).
+
+Same prompts, prefix caching off, CUDA graphs on where they start (`--cuda-graphs auto` falls
+back to eager and says so), warm-up before timing, the KV size fixed (`--kv-cache-gib`) so
+"GPU KV cache size: N tokens" from vLLM's start-up log compares the two. One JSON per engine
+in `--out`, and a markdown table of every run found there (`--table-only` reprints it).
+
+    python benchmarks/extraction.py --out /tmp/bench          # the plugin as installed
+    SPECULATORS_HYBRID_DISABLE=1 python benchmarks/extraction.py --out /tmp/bench  # --plugin off
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT / "tests" / "gpu", ROOT):  # the GPU test's tokenizer helper; this checkout
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from benchmarks import engine  # noqa: E402
+from speculators_hybrid.models import PRESETS  # noqa: E402
+from speculators_hybrid.versions import installed  # noqa: E402
+
+
+def control_sizes(size: str) -> dict[str, int]:
+    """A non-hybrid control (Qwen3 layout) as wide and deep as the hybrid preset `size`."""
+    p = PRESETS[size]
+    head_dim = 128 if p["hidden_size"] >= 1024 else 64
+    heads = p["hidden_size"] // head_dim
+    return dict(
+        layers=p["layers"],
+        hidden_size=p["hidden_size"],
+        intermediate_size=p["intermediate_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 4),
+        head_dim=head_dim,
+        vocab_size=p["vocab_size"],
+    )
+
+
+KINDS = ("control", "hybrid")
+SIZES = ("wide-8l", "tiny")  # presets whose vocabulary the local tokenizer can cover
+MODES = ("plain", "extract")
+KIND = "extraction-benchmark-run"
+
+
+def layer_ids(n: int) -> list[int]:
+    """speculators' default ids: [2, n//2, n-3, n]."""
+    return sorted({2, n // 2, n - 3, n})
+
+
+def model_info(kind: str, size: str) -> dict[str, Any]:
+    """What the table and the engine need to know of a model, without building it."""
+    if kind == "control":
+        c = control_sizes(size)
+        layers, what = c["layers"], f"Qwen3 layout, {c['layers']} attention layers"
+    else:
+        c = PRESETS[size]
+        layers = c["layers"]
+        what = f"Qwen3.5 layout, {layers - layers // 4} GDN + {layers // 4} attention layers"
+    return dict(
+        kind=kind,
+        size=size,
+        hybrid=kind == "hybrid",
+        multimodal=kind == "hybrid",  # vLLM 0.20.1 serves Qwen3.5 only in the multimodal layout
+        hidden=c["hidden_size"],
+        layers=layers,
+        vocab=c["vocab_size"],
+        layer_ids=layer_ids(layers),
+        describe=f"{what}, hidden {c['hidden_size']}",
+    )
+
+
+def build_model(kind: str, size: str, work: Path, device: str) -> None:
+    """Random-weight checkpoint (bf16) and a local tokenizer; runs in its own process."""
+    import transformers
+    from hf_reference import write_tokenizer
+
+    from speculators_hybrid.models import hf_config, save_random_model
+
+    info, folder = model_info(kind, size), model_folder(work, kind, size)
+    if kind == "hybrid":
+        cls, config = transformers.Qwen3_5ForConditionalGeneration, hf_config(size, True)
+    else:
+        sizes = {k: v for k, v in control_sizes(size).items() if k != "layers"}
+        cls = transformers.Qwen3ForCausalLM
+        config = transformers.Qwen3Config(
+            num_hidden_layers=info["layers"],
+            max_position_embeddings=32768,
+            eos_token_id=0,
+            pad_token_id=0,
+            bos_token_id=None,
+            tie_word_embeddings=False,
+            **sizes,
+        )
+    save_random_model(folder, cls, config, device=device)
+    write_tokenizer(folder, info["vocab"])
+    (folder / "built.json").write_text(json.dumps(info))
+
+
+def model_folder(work: Path, kind: str, size: str) -> Path:
+    return work / "models" / f"{kind}-{size}"
+
+
+def ensure_models(kinds: list[str], size: str, work: Path, device: str) -> None:
+    """Build the models this work dir does not hold yet, in one process of its own."""
+    missing = []
+    for kind in kinds:
+        marker = model_folder(work, kind, size) / "built.json"
+        if not (marker.exists() and json.loads(marker.read_text()) == model_info(kind, size)):
+            missing.append(kind)
+    if missing:
+        t = time.perf_counter()
+        cmd = [sys.executable, __file__, "--build", size, str(work), device, *missing]
+        subprocess.run(cmd, check=True)
+        print(f"built {', '.join(missing)} ({size}) in {time.perf_counter() - t:.0f} s", flush=True)
+
+
+KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+PLUGIN = re.compile(r"speculators-hybrid: pid=\d+ role=(\S+) vllm=(\S+) patches=(\S*)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+NOTABLE = re.compile(
+    r"speculators-hybrid|GPU KV cache size|Maximum concurrency|ERROR|Error|bench-engine"
+)
+
+
+def parse_log(text: str) -> dict[str, Any]:
+    """KV capacity and our plugin's state from an engine's log (every process writes to it)."""
+    text = ANSI.sub("", text)
+    tokens = [int(m.replace(",", "")) for m in KV_TOKENS.findall(text)]
+    concurrency = [float(m[1]) for m in CONCURRENCY.findall(text)]
+    loads = PLUGIN.findall(text)
+    patches = sorted({p for *_, ids in loads for p in ids.split(",") if p and p != "none"})
+    if loads:
+        state = "active" if patches else "loaded, no patch for this vLLM"
+    elif "disabled by SPECULATORS_HYBRID_DISABLE" in text:
+        state = "disabled"
+    else:
+        state = "not loaded"
+    return {
+        "kv_cache_tokens": min(tokens) if tokens else None,
+        "max_concurrency": min(concurrency) if concurrency else None,
+        "plugin": {"state": state, "patches": patches, "roles": sorted({r for r, *_ in loads})},
+    }
+
+
+def engine_env(plugin: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_USE_FLASHINFER_SAMPLER="0")
+    # Engine core in its own process (vLLM's default); in-process, files come one step late.
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    env.pop("SPECULATORS_HYBRID_DISABLE", None)  # the flag decides
+    if plugin == "off":
+        env["SPECULATORS_HYBRID_DISABLE"] = "1"
+    return env
+
+
+def run_engine(spec: dict[str, Any], runs: Path, plugin: str, timeout_s: float) -> dict[str, Any]:
+    """`engine.main` in a new session; the whole process group is killed when it ends."""
+    spec_path = runs / f"{spec['name']}.spec.json"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    result, log = Path(spec["result"]), runs / f"{spec['name']}.log"
+    result.unlink(missing_ok=True)
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--engine", str(spec_path)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=engine_env(plugin),
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(1)
+                if result.exists():  # done; a hung shutdown gets 30 s
+                    deadline = min(deadline, time.monotonic() + 30)
+            timed_out = proc.poll() is None and not result.exists()
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+    text = log.read_text(errors="replace")
+    data = json.loads(result.read_text()) if result.exists() else {}
+    if not data:
+        how = f"timed out after {timeout_s:.0f} s" if timed_out else f"exited {proc.returncode}"
+        data = {"error": f"engine {how}; log tail:\n" + "\n".join(text.strip().splitlines()[-30:])}
+        data["timed_out"] = timed_out
+    notable = [line for line in text.splitlines() if NOTABLE.search(line)]
+    return {**data, **parse_log(text), "log": str(log), "log_lines": notable[:60]}
+
+
+def our_version() -> str:
+    version = installed("speculators-hybrid") or "not installed"
+    git = subprocess.run(
+        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
+    )
+    return f"{version} ({git.stdout.strip()})" if git.returncode == 0 else version
+
+
+def storage_fs(path: Path) -> str:
+    """Filesystem type under `path` (the files' destination), from /proc/mounts."""
+    best, fs = "", "unknown"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            _, mount, kind, *_ = line.split()
+            inside = str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) > len(best):
+                best, fs = mount, kind
+    except OSError:
+        pass
+    return fs
+
+
+def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
+    info, folder = model_info(kind, args.size), model_folder(args.work, kind, args.size)
+    name = f"vllm{installed('vllm') or '-none'}-plugin-{args.plugin}-{info['kind']}-{mode}"
+    storage, runs = args.work / "hidden_states" / name, args.work / "runs"
+    storage.mkdir(parents=True, exist_ok=True)
+    runs.mkdir(parents=True, exist_ok=True)
+    spec = dict(
+        name=name,
+        mode=mode,
+        folder=str(folder),
+        **{k: info[k] for k in ("hybrid", "multimodal", "hidden", "vocab", "layer_ids")},
+        prompts=args.prompts,
+        prompt_len=args.prompt_len,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        storage=str(storage),
+        result=str(runs / f"{name}.engine.json"),
+        eager=args.cuda_graphs == "off",
+        kv_cache_bytes=int(args.kv_cache_gib * 2**30),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        file_timeout_s=args.file_timeout,
+    )
+    t = time.perf_counter()
+    data = run_engine(spec, runs, args.plugin, args.engine_timeout)
+    graphs_error = None
+    if "error" in data and not data["timed_out"] and args.cuda_graphs == "auto":
+        graphs_error = data["error"]
+        print(f"{name}: did not run with CUDA graphs; again in eager mode", flush=True)
+        spec["eager"] = True
+        data = run_engine(spec, runs, args.plugin, args.engine_timeout)
+    run = {
+        "kind": KIND,
+        "date": time.strftime("%Y-%m-%d"),
+        "vllm": installed("vllm"),
+        **data,
+        "name": name,
+        "model": info,
+        "mode": mode,
+        "settings": {k: v for k, v in spec.items() if k not in ("name", "result", "folder")},
+        "storage_fs": storage_fs(storage),
+        "cuda_graphs_error": graphs_error,
+        "speculators_hybrid": our_version(),
+        "plugin_flag": args.plugin,
+        "SPECULATORS_HYBRID_DISABLE": engine_env(args.plugin).get("SPECULATORS_HYBRID_DISABLE"),
+        "wall_s": time.perf_counter() - t,
+    }
+    if run.get("kv_cache_tokens"):
+        run["kv_bytes_per_token"] = spec["kv_cache_bytes"] / run["kv_cache_tokens"]
+    (args.out / f"{name}.json").write_text(json.dumps(run, indent=1) + "\n")
+    return run
+
+
+# ---------------------------------------------------------------- table
+
+
+def load_runs(out: Path) -> list[dict[str, Any]]:
+    runs = []
+    for path in sorted(out.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("kind") == KIND:
+            runs.append(data)
+    return runs
+
+
+def _num(x: float | None, fmt: str = ",.0f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if not a or not b else f"{a / b:.2f}"
+
+
+def settings_text(run: dict[str, Any]) -> str:
+    s = run["settings"]
+    graphs = "eager" if s["eager"] else "CUDA graphs"
+    if run.get("cuda_graphs_error"):
+        graphs = "eager (graphs failed)"
+    return (
+        f"{s['prompts']}x{s['prompt_len']} tok, {s['repeats']} passes, {graphs}, "
+        f"batch {s['max_num_batched_tokens']}, KV {s['kv_cache_bytes'] / 2**30:g} GiB, "
+        f"prefix caching off, ids {','.join(map(str, s['layer_ids']))}, "
+        f"files on {run['storage_fs']}"
+    )
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    """One row per (vLLM, plugin flag, model): plain and extract side by side."""
+    groups: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        key = (str(run["vllm"]), run["plugin_flag"], run["model"]["kind"])
+        groups.setdefault(key, {})[run["mode"]] = run
+    head = (
+        "| date | GPU | vLLM | speculators-hybrid (plugin) | model | settings "
+        "| plain tok/s | extraction tok/s (returned / files) | ratio (returned / files) "
+        "| KV tokens plain / extraction (ratio) | KV bytes/token plain / extraction "
+        "| file bytes/token |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for key in sorted(groups):
+        plain, ext = groups[key].get("plain", {}), groups[key].get("extract", {})
+        any_run = ext or plain
+        p_rate = plain.get("tokens_per_s_returned")
+        e_ret, e_files = ext.get("tokens_per_s_returned"), ext.get("tokens_per_s_files")
+        kv_p, kv_e = plain.get("kv_cache_tokens"), ext.get("kv_cache_tokens")
+        plugin = ext.get("plugin") or plain.get("plugin") or {}
+        state = plugin.get("state", "?")
+        if plugin.get("patches"):
+            state += ": " + ", ".join(plugin["patches"])
+        errors = [r["name"] for r in (plain, ext) if r.get("error")]
+        model = f"{any_run['model']['kind']}: {any_run['model']['describe']}"
+        if errors:
+            model += f" (FAILED: {', '.join(errors)})"
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    any_run.get("date", "?"),
+                    any_run.get("gpu", "?"),
+                    str(key[0]),
+                    f"{any_run['speculators_hybrid']} ({state})",
+                    model,
+                    settings_text(any_run),
+                    _num(p_rate),
+                    f"{_num(e_ret)} / {_num(e_files)}",
+                    f"{_ratio(e_ret, p_rate)} / {_ratio(e_files, p_rate)}",
+                    f"{_num(kv_p)} / {_num(kv_e)} ({_ratio(kv_e, kv_p)})",
+                    f"{_num(plain.get('kv_bytes_per_token'))} / "
+                    f"{_num(ext.get('kv_bytes_per_token'))}",
+                    _num(ext.get("file_bytes_per_token")),
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("bench-out"), help="JSON, logs, table")
+    ap.add_argument(
+        "--work", type=Path, default=Path("/tmp/spec-hybrid-bench"), help="models and files"
+    )
+    ap.add_argument("--models", nargs="+", choices=KINDS, default=list(KINDS))
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument("--size", choices=SIZES, default=SIZES[0], help="models.PRESETS entry")
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=3, help="timed passes (median)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed passes first")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--kv-cache-gib", type=float, default=8.0, help="same for every engine")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    ap.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="auto: graphs, falling back to eager if the engine does not run",
+    )
+    ap.add_argument(
+        "--plugin",
+        choices=("on", "off"),
+        default="off" if os.environ.get("SPECULATORS_HYBRID_DISABLE") == "1" else "on",
+        help="off: SPECULATORS_HYBRID_DISABLE=1 in the engines (default: from that variable)",
+    )
+    ap.add_argument("--engine-timeout", type=float, default=300.0, help="seconds per engine")
+    ap.add_argument("--file-timeout", type=float, default=20.0, help="seconds to wait for files")
+    ap.add_argument("--build-device", default="cuda", help="where to init the random weights")
+    ap.add_argument("--table-only", action="store_true", help="print the table of --out")
+    ap.add_argument("--engine", help=argparse.SUPPRESS)  # internal: one engine, from a spec
+    ap.add_argument("--build", nargs="+", help=argparse.SUPPRESS)  # internal: SIZE WORK DEVICE..
+    args = ap.parse_args(argv)
+    if args.prompt_len + 1 > args.max_model_len:
+        ap.error("--max-model-len must exceed --prompt-len")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.engine:
+        engine.main(args.engine)
+        return 0
+    if args.build:
+        size, work, device, *kinds = args.build
+        for kind in kinds:
+            build_model(kind, size, Path(work), device)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    if not args.table_only:
+        args.out, args.work = args.out.resolve(), args.work.resolve()
+        start = time.perf_counter()
+        ensure_models(args.models, args.size, args.work, args.build_device)
+        for kind in args.models:
+            for mode in args.modes:
+                run = run_one(args, kind, mode)
+                failed += "error" in run
+                rate = run.get("tokens_per_s_returned")
+                print(f"{run['name']}: {_num(rate)} tok/s, KV {run['kv_cache_tokens']} tokens")
+        print(f"benchmark wall time {time.perf_counter() - start:.0f} s", flush=True)
+    text = table(load_runs(args.out))
+    (args.out / "table.md").write_text(text + "\n")
+    print(text)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

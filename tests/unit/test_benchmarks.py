@@ -1,0 +1,326 @@
+"""benchmarks/extraction.py and engine.py without a GPU: arguments, models, files, logs, table."""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks import engine  # noqa: E402
+from benchmarks import extraction as bench  # noqa: E402
+from speculators_hybrid.models import write_config  # noqa: E402
+from speculators_hybrid.planning import extraction_args  # noqa: E402
+
+# ---------------------------------------------------------------- arguments and models
+
+
+def test_defaults_are_the_issue_settings(monkeypatch):
+    monkeypatch.delenv("SPECULATORS_HYBRID_DISABLE", raising=False)
+    args = bench.parse_args([])
+    assert (args.prompts, args.prompt_len, args.warmup) == (64, 512, 1)
+    assert args.models == ["control", "hybrid"] and args.modes == ["plain", "extract"]
+    assert (args.size, args.cuda_graphs, args.plugin) == ("wide-8l", "auto", "on")
+
+
+def test_disable_variable_sets_the_plugin_flag(monkeypatch):
+    monkeypatch.setenv("SPECULATORS_HYBRID_DISABLE", "1")
+    assert bench.parse_args([]).plugin == "off"
+    assert bench.parse_args(["--plugin", "on"]).plugin == "on"
+
+
+def test_prompts_must_fit_the_model_length():
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--prompt-len", "4096", "--max-model-len", "4096"])
+    args = bench.parse_args(["--prompt-len", "100", "--models", "hybrid", "--modes", "extract"])
+    assert (args.prompt_len, args.models, args.modes) == (100, ["hybrid"], ["extract"])
+
+
+def test_hybrid_is_realistic_width_with_distinct_ids(tmp_path):
+    info = bench.model_info("hybrid", "wide-8l")
+    config = json.loads((write_config(tmp_path, "wide-8l") / "config.json").read_text())
+    text = config["text_config"]
+    assert info["hidden"] == text["hidden_size"] and 2048 <= info["hidden"] <= 5120
+    assert info["layers"] == text["num_hidden_layers"] == 8
+    assert text["layer_types"].count("full_attention") == 2
+    assert info["layer_ids"] == [2, 4, 5, 8]
+    assert "6 GDN + 2 attention" in info["describe"] and info["multimodal"]
+
+
+def test_control_matches_the_hybrid_width():
+    control, hybrid = bench.model_info("control", "wide-8l"), bench.model_info("hybrid", "wide-8l")
+    assert (control["hidden"], control["layers"], control["vocab"]) == (
+        hybrid["hidden"],
+        hybrid["layers"],
+        hybrid["vocab"],
+    )
+    assert not control["hybrid"] and not control["multimodal"]
+
+
+def test_layer_ids_are_speculators_default():
+    assert bench.layer_ids(64) == [2, 32, 61, 64]
+    assert bench.layer_ids(8) == [2, 4, 5, 8]
+
+
+def test_built_models_load_in_transformers(tmp_path):
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    bench.ensure_models(list(bench.KINDS), "tiny", tmp_path, "cpu")
+    for kind in bench.KINDS:
+        info, folder = bench.model_info(kind, "tiny"), bench.model_folder(tmp_path, kind, "tiny")
+        assert json.loads((folder / "built.json").read_text()) == info
+        config = transformers.AutoConfig.from_pretrained(folder)
+        assert config.model_type == ("qwen3_5" if info["hybrid"] else "qwen3")
+        text = config.text_config if info["multimodal"] else config
+        assert (text.hidden_size, text.num_hidden_layers) == (info["hidden"], info["layers"])
+        tokenizer = json.loads((folder / "tokenizer.json").read_text())
+        ids = {*tokenizer["model"]["vocab"].values(), *(t["id"] for t in tokenizer["added_tokens"])}
+        assert ids == set(range(info["vocab"]))
+        assert (folder / "model.safetensors").stat().st_size > 0
+    mtime = (folder / "model.safetensors").stat().st_mtime
+    bench.ensure_models(list(bench.KINDS), "tiny", tmp_path, "cpu")  # already built: kept
+    assert (folder / "model.safetensors").stat().st_mtime == mtime
+
+
+# ---------------------------------------------------------------- engine settings
+
+
+def spec(mode: str, kind: str = "hybrid") -> dict:
+    info = bench.model_info(kind, "wide-8l")
+    return dict(
+        mode=mode,
+        folder="/models/x",
+        storage="/tmp/hs",
+        eager=False,
+        kv_cache_bytes=8 << 30,
+        gpu_memory_utilization=0.5,
+        max_num_seqs=64,
+        max_num_batched_tokens=16384,
+        max_model_len=4096,
+        **{k: info[k] for k in ("hybrid", "multimodal", "layer_ids")},
+    )
+
+
+def test_plain_engine_has_no_extraction():
+    kw = engine.engine_kwargs(spec("plain"), {"gdn_prefill_backend"})
+    assert "speculative_config" not in kw and "kv_transfer_config" not in kw
+    assert kw["enable_prefix_caching"] is False and kw["enforce_eager"] is False
+    assert kw["language_model_only"] is True and kw["gdn_prefill_backend"] == "triton"
+
+
+def test_extract_engine_uses_speculators_settings():
+    kw = engine.engine_kwargs(spec("extract", "control"), set())
+    expected = extraction_args((2, 4, 5, 8), "/tmp/hs")
+    assert kw["speculative_config"] == expected["speculative_config"]
+    assert kw["kv_transfer_config"] == expected["kv_transfer_config"]
+    assert "language_model_only" not in kw and "gdn_prefill_backend" not in kw
+    plain = engine.engine_kwargs(spec("plain", "control"), set())
+    assert {k: v for k, v in kw.items() if k in plain} == plain  # nothing else differs
+
+
+def test_prompts_are_reproducible_and_plain_tokens():
+    a = engine.make_prompts(4, 7, 2048, seed=1)
+    assert a == engine.make_prompts(4, 7, 2048, seed=1) != engine.make_prompts(4, 7, 2048, 2)
+    assert [len(p) for p in a] == [7] * 4
+    assert all(1 <= t <= 2048 - 5 for p in a for t in p)
+
+
+# ---------------------------------------------------------------- files
+
+
+def write_safetensors(path: Path, rows: int, cut: int = 0) -> None:
+    """A hidden-states file by the format's spec (no torch): [rows, 2, 4] bf16 + int64 ids."""
+    hidden = rows * 2 * 4 * 2
+    header = {
+        "hidden_states": {"dtype": "BF16", "shape": [rows, 2, 4], "data_offsets": [0, hidden]},
+        "token_ids": {"dtype": "I64", "shape": [rows], "data_offsets": [hidden, hidden + 8 * rows]},
+    }
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    data = struct.pack("<Q", len(raw)) + raw + bytes(hidden + 8 * rows)
+    path.write_bytes(data[: len(data) - cut])
+
+
+def test_a_whole_file_is_complete(tmp_path):
+    path = tmp_path / "a.safetensors"
+    write_safetensors(path, 5)
+    assert engine.header_rows(str(path)) == 5
+    assert engine.file_complete(str(path), 5)
+    assert not engine.file_complete(str(path), 6)
+
+
+def test_a_file_being_written_is_not(tmp_path):
+    path = tmp_path / "a.safetensors"
+    assert not engine.file_complete(str(path), 5)  # not there yet
+    write_safetensors(path, 5, cut=3)
+    assert engine.header_rows(str(path)) is None
+    assert not engine.file_complete(str(path), 5)
+    path.write_bytes(b"\x10\x00")
+    assert not engine.file_complete(str(path), 5)
+
+
+def test_a_held_lock_means_not_complete(tmp_path):
+    path = tmp_path / "a.safetensors"
+    write_safetensors(path, 5)
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert not engine.file_complete(str(path), 5)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        assert engine.file_complete(str(path), 5)
+
+
+def test_wait_for_files_reports_what_never_came(tmp_path):
+    done, late = tmp_path / "done.safetensors", tmp_path / "late.safetensors"
+    write_safetensors(done, 3)
+    _, missing = engine.wait_for_files({str(done): 3, str(late): 3}, timeout_s=0.05)
+    assert missing == [str(late)]
+    write_safetensors(late, 3)
+    _, missing = engine.wait_for_files({str(done): 3, str(late): 3}, timeout_s=0.05)
+    assert missing == []
+    (tmp_path / "late.safetensors.lock").touch()
+    engine.clear(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- logs and table
+
+CORE = "(EngineCore_DP0 pid=12) "
+LOG = "\n".join(
+    [
+        "INFO 11-29 12:00:01 [plugin.py:61] speculators-hybrid: pid=11 role=frontend"
+        " vllm=0.20.1 patches=keep-hma-for-extraction,hidden-states-own-group",
+        CORE + "INFO 11-29 12:00:09 [plugin.py:61] speculators-hybrid: pid=12 role=engine-core"
+        " vllm=0.20.1 patches=keep-hma-for-extraction,hidden-states-write-slots",
+        CORE + "\x1b[1;36mINFO\x1b[0m 11-29 12:00:30 [kv_cache_utils.py:1708]"
+        " GPU KV cache size: 1,234,560 tokens",
+        CORE + "INFO 11-29 12:00:30 [kv_cache_utils.py:1710]"
+        " Maximum concurrency for 4,096 tokens per request: 301.40x",
+    ]
+)
+
+
+def test_log_gives_kv_capacity_and_plugin_state():
+    got = bench.parse_log(LOG)
+    assert got["kv_cache_tokens"] == 1234560 and got["max_concurrency"] == 301.40
+    assert got["plugin"] == {
+        "state": "active",
+        "patches": [
+            "hidden-states-own-group",
+            "hidden-states-write-slots",
+            "keep-hma-for-extraction",
+        ],
+        "roles": ["engine-core", "frontend"],
+    }
+
+
+def test_log_without_plugin_or_kv_line():
+    off = bench.parse_log("INFO speculators-hybrid: disabled by SPECULATORS_HYBRID_DISABLE, pid=3")
+    assert off["plugin"]["state"] == "disabled" and off["kv_cache_tokens"] is None
+    assert bench.parse_log("nothing")["plugin"]["state"] == "not loaded"
+    none = bench.parse_log("speculators-hybrid: pid=1 role=worker vllm=0.25.0 patches=none")
+    assert none["plugin"]["state"] == "loaded, no patch for this vLLM"
+
+
+def fake_run(mode: str, rate: float, kv: int, **extra) -> dict:
+    info = bench.model_info("hybrid", "wide-8l")
+    return {
+        "kind": bench.KIND,
+        "name": f"vllm0.20.1-plugin-on-hybrid-{mode}",
+        "date": "2026-11-29",
+        "gpu": "NVIDIA H200",
+        "vllm": "0.20.1",
+        "model": info,
+        "mode": mode,
+        "settings": dict(
+            prompts=64,
+            prompt_len=512,
+            repeats=3,
+            eager=False,
+            max_num_batched_tokens=16384,
+            kv_cache_bytes=8 << 30,
+            layer_ids=info["layer_ids"],
+        ),
+        "storage_fs": "ext4",
+        "cuda_graphs_error": None,
+        "speculators_hybrid": "0.1.0 (abc1234)",
+        "plugin_flag": "on",
+        "plugin": {"state": "active", "patches": ["keep-hma-for-extraction"], "roles": []},
+        "tokens_per_s_returned": rate,
+        "kv_cache_tokens": kv,
+        **extra,
+    }
+
+
+def test_table_pairs_plain_and_extraction(tmp_path):
+    runs = [
+        fake_run("plain", 1e5, 1000000, kv_bytes_per_token=8589.9),
+        fake_run("extract", 6e4, 200000, tokens_per_s_files=5e4, file_bytes_per_token=32776)
+        | {"kv_bytes_per_token": 42949.7},
+    ]
+    for run in runs:
+        (tmp_path / f"{run['name']}.json").write_text(json.dumps(run))
+    (tmp_path / "other.json").write_text("[]")  # not a run: ignored
+    (tmp_path / "x.engine.json").write_text("{")  # unreadable: ignored
+    text = bench.table(bench.load_runs(tmp_path))
+    head, rule, row = text.splitlines()
+    assert head.count("|") == rule.count("|") == row.count("|") == 13
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:4] == [
+        "2026-11-29",
+        "NVIDIA H200",
+        "0.20.1",
+        "0.1.0 (abc1234) (active: keep-hma-for-extraction)",
+    ]
+    assert cells[4].startswith("hybrid: Qwen3.5 layout, 6 GDN + 2 attention layers, hidden 4096")
+    assert "64x512 tok" in cells[5] and "CUDA graphs" in cells[5] and "KV 8 GiB" in cells[5]
+    assert cells[6:] == [
+        "100,000",
+        "60,000 / 50,000",
+        "0.60 / 0.50",
+        "1,000,000 / 200,000 (0.20)",
+        "8,590 / 42,950",
+        "32,776",
+    ]
+
+
+def test_table_marks_failures_and_missing_numbers():
+    failed = fake_run("extract", None, None, error="engine exited 1", cuda_graphs_error="boom")
+    failed["settings"]["eager"] = True
+    row = bench.table([failed]).splitlines()[2]
+    assert "FAILED: vllm0.20.1-plugin-on-hybrid-extract" in row
+    assert "eager (graphs failed)" in row
+    assert "| n/a | n/a / n/a | n/a / n/a | n/a / n/a (n/a) | n/a / n/a | n/a |" in row
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="would start vLLM")
+def test_a_failing_engine_is_retried_eager_and_reported(tmp_path, capsys):
+    """The whole driver without vLLM: each engine fails, is retried eager, and is tabled."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    for kind in bench.KINDS:  # pretend the models are built: no torch needed
+        folder = bench.model_folder(work, kind, "tiny")
+        folder.mkdir(parents=True)
+        (folder / "built.json").write_text(json.dumps(bench.model_info(kind, "tiny")))
+    argv = ["--size", "tiny", "--work", str(work), "--out", str(out), "--engine-timeout", "60"]
+    assert bench.main(argv) == 1
+    runs = bench.load_runs(out)
+    assert sorted(f"{r['model']['kind']}-{r['mode']}" for r in runs) == [
+        "control-extract",
+        "control-plain",
+        "hybrid-extract",
+        "hybrid-plain",
+    ]
+    for run in runs:
+        assert "engine exited 1" in run["error"] and "ModuleNotFoundError" in run["error"]
+        assert run["cuda_graphs_error"] and run["settings"]["eager"] is True
+        assert run["kv_cache_tokens"] is None and run["plugin"]["state"] == "not loaded"
+    table = (out / "table.md").read_text()
+    assert table.count("FAILED") == 2 and table.count("\n") == 4  # head, rule, a row per model
+    assert table in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [*(f"{r['name']}.json" for r in runs), "table.md"]
+    )
