@@ -61,7 +61,7 @@ def _doctor(args: argparse.Namespace) -> int:
         return 2
     return doctor.run(
         None if args.demo else args.model,
-        tuple(args.ids),
+        tuple(args.ids) if args.ids else None,
         args.tp,
         args.max_model_len,
         args.memory,
@@ -85,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="use a built-in Qwen3.6-27B-like hybrid config (no network, no weights)",
     )
-    doc.add_argument("--ids", type=int, nargs="+", default=[2, 32, 61, 64])
+    doc.add_argument(
+        "--ids",
+        type=int,
+        nargs="+",
+        help="target layer ids (default: speculators' [2, n//2, n-3, n])",
+    )
     doc.add_argument("--tp", type=int, default=1)
     doc.add_argument("--max-model-len", type=int, default=262144)
     doc.add_argument("--memory", type=float, default=256.0, help="KV-cache memory in GiB")

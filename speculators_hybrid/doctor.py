@@ -1,22 +1,34 @@
-"""`speculators-hybrid doctor`: vLLM's own KV-cache plan for hidden-state extraction, without
-and with our patches, side by side. Runs on the CPU from a config directory alone.
+"""`speculators-hybrid doctor`: vLLM's own KV-cache plan for a target, side by side: serving
+without extraction, extraction on stock vLLM, and extraction with our patches. Runs on the CPU
+from a config directory alone. `--json` output is described in docs/doctor.md.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from speculators_hybrid import planning
 
 GIB = 1 << 30
+SCHEMA = 1
+PLANS = ("no-extraction", "stock", "shim")
+TITLES = {
+    "no-extraction": "serving without extraction (stock vLLM)",
+    "stock": "extraction, stock vLLM",
+    "shim": "extraction with speculators-hybrid",
+}
 
 
 @dataclass
-class Group:
+class Groups:
+    """`count` KV-cache groups of one shape."""
+
     kind: str
+    count: int
     layers: int
     block_size: int
     page_bytes: int
@@ -25,59 +37,174 @@ class Group:
 
 @dataclass
 class Plan:
-    shim: bool
-    ok: bool
+    name: str
+    ok: bool = False
     error: str = ""
     patches: list[str] = field(default_factory=list)
-    groups: list[Group] = field(default_factory=list)
+    groups: list[Groups] = field(default_factory=list)
     hma_enabled: bool = False
     connector: str = ""
+    prefix_caching: bool = False
     block_size: int = 0
-    request_gib: float = 0.0
+    request_bytes: int = 0
     capacity_tokens: int = 0
 
 
-def _group(g: Any) -> Group:
-    spec = g.kv_cache_spec
-    real = getattr(spec, "real_page_size_bytes", spec.page_size_bytes)
-    return Group(
-        type(spec).__name__, len(g.layer_names), spec.block_size, spec.page_size_bytes, real
-    )
+@dataclass
+class PerToken:
+    """True bytes, from the layers' own specs (no padding, no grouping)."""
+
+    attention_bytes_per_token: int = 0
+    attention_layers: int = 0
+    state_bytes_per_request: int = 0
+    state_layers: int = 0
+    hidden_bytes_per_token: int = 0
 
 
-def plan_once(setup: planning.Setup, memory_bytes: int, shim: bool) -> Plan:
+def _groups(kv: Any) -> list[Groups]:
+    shapes: Counter[tuple[str, int, int, int, int]] = Counter()
+    for g in kv.kv_cache_groups:
+        spec = g.kv_cache_spec
+        real = getattr(spec, "real_page_size_bytes", spec.page_size_bytes)
+        shapes[
+            (type(spec).__name__, len(g.layer_names), spec.block_size, spec.page_size_bytes, real)
+        ] += 1
+    return [Groups(k, n, layers, b, p, r) for (k, layers, b, p, r), n in shapes.items()]
+
+
+def per_token(config: Any, specs: dict[str, Any]) -> PerToken:
+    from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
+
+    from speculators_hybrid.vllm_patches.own_page import is_hidden
+    from speculators_hybrid.vllm_patches.spec import bytes_per_token
+
+    out = PerToken()
+    for spec in specs.values():
+        if is_hidden(spec):
+            out.hidden_bytes_per_token += bytes_per_token(spec)
+        elif isinstance(spec, MambaSpec):
+            out.state_layers += 1
+            out.state_bytes_per_request += spec.page_size_bytes
+        elif isinstance(spec, AttentionSpec):
+            out.attention_layers += 1
+            out.attention_bytes_per_token += spec.real_page_size_bytes // spec.block_size
+    return out
+
+
+def plan_once(name: str, setup: planning.Setup, memory_bytes: int) -> tuple[Plan, Any, Any]:
+    """One plan with vLLM's own code; returns it with the config and specs it used."""
     from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
 
     from speculators_hybrid.plugin import PATCHER, vllm_patches
 
     PATCHER.revert()
-    if shim:
+    if name == "shim":
         PATCHER.apply(vllm_patches())
-    result = Plan(shim=shim, ok=False)
+    result = Plan(name=name)
+    config = specs = None
     try:
         config = planning.engine_config(setup)
         result.hma_enabled = not config.scheduler_config.disable_hybrid_kv_cache_manager
-        result.connector = (
-            config.kv_transfer_config.kv_connector if config.kv_transfer_config else ""
-        )
-        kv = planning.plan(config, planning.layer_specs(config), memory_bytes)
+        transfer = config.kv_transfer_config
+        result.connector = transfer.kv_connector if transfer else ""
+        result.prefix_caching = bool(config.cache_config.enable_prefix_caching)
+        specs = planning.layer_specs(config)
+        kv = planning.plan(config, specs, memory_bytes)
     except Exception as exc:  # vLLM's own start-up error is the finding
         result.error = f"{type(exc).__name__}: {exc}"
-        return result
+        return result, config, specs
     finally:
-        result.patches = [p.id for p in PATCHER.selected] if shim else []
+        result.patches = [p.id for p in PATCHER.selected] if name == "shim" else []
     result.ok = True
     result.block_size = config.cache_config.block_size
-    result.groups = [_group(g) for g in kv.kv_cache_groups]
-    result.request_gib = planning.max_request_bytes(config, kv) / GIB
+    result.groups = _groups(kv)
+    result.request_bytes = planning.max_request_bytes(config, kv)
     concurrency = get_max_concurrency_for_kv_cache_config(config, kv)
     result.capacity_tokens = int(concurrency * config.model_config.max_model_len)
-    return result
+    return result, config, specs
+
+
+def default_ids(model: str) -> tuple[int, ...]:
+    """speculators' default target layer ids for this model: [2, n//2, n-3, n]."""
+    from speculators_hybrid.launcher.target import load
+
+    n = load(model).num_layers
+    return (2, n // 2, n - 3, n)
+
+
+def warnings_for(setup: planning.Setup, model: str, plans: dict[str, Plan]) -> list[str]:
+    from speculators_hybrid.launcher.adjust import id_problems
+    from speculators_hybrid.launcher.target import load
+
+    out = []
+    n = load(model).num_layers
+    problems = id_problems(list(setup.layer_ids or ()), n)
+    if problems:
+        out.append(
+            f"layer ids {list(setup.layer_ids or ())}: {'; '.join(problems)} (n = {n}); "
+            "extraction would fail or write wrong files."
+        )
+    shim = plans["shim"]
+    if setup.prefix_caching and shim.ok and not shim.prefix_caching:
+        out.append("prefix caching was asked for and is turned off for hybrid extraction here.")
+    if setup.tp > 1:
+        out.append(
+            f"TP {setup.tp}: pages shrink with the KV heads and state per rank; hidden states "
+            "are not sharded, so each rank holds all of them (block sizes above are per rank)."
+        )
+    return out
+
+
+def report(
+    model: str,
+    ids: tuple[int, ...] | None,
+    tp: int,
+    max_model_len: int,
+    memory_gib: float,
+    prefix_caching: bool,
+) -> dict[str, Any]:
+    from speculators_hybrid import __version__
+    from speculators_hybrid.versions import installed
+
+    ids = ids or default_ids(model)
+    setup = planning.Setup(
+        model=model,
+        layer_ids=ids,
+        tp=tp,
+        prefix_caching=prefix_caching,
+        max_model_len=max_model_len,
+    )
+    memory = int(memory_gib * GIB)
+    plans: dict[str, Plan] = {}
+    plans["no-extraction"], _, _ = plan_once(
+        "no-extraction", planning.Setup(**{**asdict(setup), "layer_ids": None}), memory
+    )
+    plans["stock"], _, _ = plan_once("stock", setup, memory)
+    plans["shim"], config, specs = plan_once("shim", setup, memory)
+    bytes_ = per_token(config, specs) if specs else PerToken()
+    base = plans["no-extraction"].request_bytes
+    target = base + bytes_.hidden_bytes_per_token * max_model_len
+    return {
+        "schema": SCHEMA,
+        "speculators_hybrid_version": __version__,
+        "vllm_version": installed("vllm"),
+        "setup": asdict(setup),
+        "memory_gib": memory_gib,
+        "bytes": asdict(bytes_),
+        "request_target_bytes": target,
+        "ratio_to_target": {
+            k: (p.request_bytes / target if p.ok and target else None)
+            for k, p in plans.items()
+            if k != "no-extraction"
+        },
+        "plans": [asdict(plans[k]) for k in PLANS],
+        "warnings": warnings_for(setup, model, plans),
+    }
 
 
 def run(
     model: str | None,
-    ids: tuple[int, ...],
+    ids: tuple[int, ...] | None,
     tp: int,
     max_model_len: int,
     memory_gib: float,
@@ -94,56 +221,54 @@ def run(
         from speculators_hybrid.models import write_config
 
         model = str(write_config(tempfile.mkdtemp(prefix="spec-hybrid-demo-"), "qwen3.6-27b-like"))
-    setup = planning.Setup(
-        model=model,
-        layer_ids=ids,
-        tp=tp,
-        prefix_caching=prefix_caching,
-        max_model_len=max_model_len,
-    )
-    memory = int(memory_gib * GIB)
-    plans = [plan_once(setup, memory, shim=False), plan_once(setup, memory, shim=True)]
-    if as_json:
-        print(
-            json.dumps(
-                {
-                    "setup": asdict(setup),
-                    "memory_gib": memory_gib,
-                    "plans": [asdict(p) for p in plans],
-                },
-                indent=2,
+    out = report(model, ids, tp, max_model_len, memory_gib, prefix_caching)
+    print(json.dumps(out, indent=2) if as_json else render(out))
+    return 0 if out["plans"][-1]["ok"] else 1
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def render(out: dict[str, Any]) -> str:
+    s, b = out["setup"], out["bytes"]
+    lines = [
+        f"model {s['model']}  ids {list(s['layer_ids'])}  tp {s['tp']}  max_model_len "
+        f"{s['max_model_len']:,}  prefix caching {_on(s['prefix_caching'])}  "
+        f"KV memory {out['memory_gib']:g} GiB  vLLM {out['vllm_version']}",
+        f"true bytes: attention {b['attention_bytes_per_token']:,}/token ({b['attention_layers']} "
+        f"layers); state {b['state_bytes_per_request']:,}/request ({b['state_layers']} layers); "
+        f"hidden states {b['hidden_bytes_per_token']:,}/token",
+        f"target for one max-length request: no-extraction plan + hidden states = "
+        f"{out['request_target_bytes'] / GIB:.1f} GiB",
+    ]
+    for p in out["plans"]:
+        lines += ["", f"== {TITLES[p['name']]}"]
+        if p["patches"]:
+            lines.append(f"   patches: {', '.join(p['patches'])}")
+        if p["name"] != "no-extraction":
+            lines.append(
+                f"   hybrid KV cache manager {_on(p['hma_enabled'])}; "
+                f"connector {p['connector']}; prefix caching {_on(p['prefix_caching'])}"
             )
+        if not p["ok"]:
+            lines.append(f"   vLLM start-up fails: {p['error']}")
+            continue
+        lines.append(
+            f"   {'groups':>6} {'x layers':>8}  {'kind':<24}{'block':>8}"
+            f"{'page bytes':>12}{'used bytes':>12}"
         )
-    else:
-        print(
-            f"model {model}  ids {list(ids)}  tp {tp}  max_model_len {max_model_len}  "
-            f"prefix caching {'on' if prefix_caching else 'off'}  KV memory {memory_gib:g} GiB"
+        for g in p["groups"]:
+            lines.append(
+                f"   {g['count']:>6} {g['layers']:>8}  {g['kind']:<24}{g['block_size']:>8}"
+                f"{g['page_bytes']:>12,}{g['real_page_bytes']:>12,}"
+            )
+        ratio = out["ratio_to_target"].get(p["name"])
+        lines.append(
+            f"   engine block {p['block_size']}; one max-length request needs "
+            f"{p['request_bytes'] / GIB:.1f} GiB"
+            + (f" ({ratio:.2f}x target)" if ratio else "")
+            + f"; KV capacity {p['capacity_tokens']:,} tokens"
         )
-        for p in plans:
-            _print_plan(p)
-    return 0 if plans[1].ok else 1
-
-
-def _print_plan(p: Plan) -> None:
-    print()
-    print(
-        f"== {'with' if p.shim else 'without'} speculators-hybrid"
-        + (f" (patches: {', '.join(p.patches) or 'none'})" if p.shim else "")
-    )
-    print(
-        f"   hybrid KV cache manager: {'on' if p.hma_enabled else 'off'}; connector: {p.connector}"
-    )
-    if not p.ok:
-        print(f"   vLLM start-up fails: {p.error}")
-        return
-    print(f"   {'group':<24}{'layers':>7}{'block':>8}{'page bytes':>12}{'used bytes':>12}")
-    for g in p.groups:
-        print(
-            f"   {g.kind:<24}{g.layers:>7}{g.block_size:>8}"
-            f"{g.page_bytes:>12}{g.real_page_bytes:>12}"
-        )
-    print(
-        f"   engine block size {p.block_size}; "
-        f"one max-length request needs {p.request_gib:.1f} GiB; "
-        f"KV capacity {p.capacity_tokens:,} tokens"
-    )
+    lines += [f"warning: {w}" for w in out["warnings"]]
+    return "\n".join(lines)

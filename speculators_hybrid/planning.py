@@ -169,4 +169,10 @@ def plan(config: Any, specs: dict[str, Any], memory_bytes: int) -> Any:
 def max_request_bytes(config: Any, kv_cache_config: Any) -> int:
     """Bytes vLLM's planner reserves for one request of `max_model_len` tokens."""
     groups = kv_cache_config.kv_cache_groups
-    return int(planner()._max_memory_usage_bytes_from_groups(config, groups))
+    module = planner()
+    if hasattr(module, "DefaultKVCacheConfigBuilder"):  # 0.33+: the builder comes first
+        from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
+
+        builder = get_kv_cache_config_builder(config)
+        return int(module._max_memory_usage_bytes_from_groups(builder, config, groups))
+    return int(module._max_memory_usage_bytes_from_groups(config, groups))

@@ -99,7 +99,8 @@ class Patcher:
     selected: list[Patch] = field(default_factory=list)
     active: bool = False
     failed: PatchError | None = None
-    _applied: dict[str, _Applied] = field(default_factory=dict)  # target name -> original
+    # (patch id, target name) -> what it replaced; two patches may wrap one target, in order.
+    _applied: dict[tuple[str, str], _Applied] = field(default_factory=dict)
     _hooked: set[str] = field(default_factory=set)
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
@@ -139,15 +140,15 @@ class Patcher:
             return [
                 p.id
                 for p in self.selected
-                if all(t.name in self._applied for t in self._targets(p))
+                if all((p.id, t.name) in self._applied for t in self._targets(p))
             ]
 
     def _targets(self, patch: Patch) -> tuple[Target, ...]:
         return patch.targets_for(self.version_of(patch.project))
 
-    def original(self, target: Target) -> Any:
+    def original(self, patch: Patch, target: Target) -> Any:
         with self._lock:
-            return self._applied[target.name].original
+            return self._applied[(patch.id, target.name)].original
 
     def verify(self, patch: Patch, target: Target, module: Any) -> Any:
         """Return the object `target` replaces, or raise `PatchError` naming what changed."""
@@ -181,18 +182,22 @@ class Patcher:
                 (p, t)
                 for p in self.selected
                 for t in self._targets(p)
-                if t.module == module.__name__ and t.name not in self._applied
+                if t.module == module.__name__ and (p.id, t.name) not in self._applied
             ]
             try:
-                found = [(t, self.verify(p, t, module)) for p, t in todo]
+                # Verify everything before changing anything; a target wrapped by an earlier
+                # patch still fingerprints as the upstream code (inspect unwraps wrapt proxies).
+                for p, t in todo:
+                    self.verify(p, t, module)
             except PatchError as exc:
                 self.revert()
                 self.failed = exc
                 logger.error("%s", exc)
                 raise
-            for target, (owner, name, original) in found:
-                setattr(owner, name, _wrap(original, target.wrapper))
-                self._applied[target.name] = _Applied(owner, name, original)
+            for p, t in todo:
+                owner, name, original = resolve(module, t.attr)  # type: ignore[misc]
+                setattr(owner, name, _wrap(original, t.wrapper))
+                self._applied[(p.id, t.name)] = _Applied(owner, name, original)
 
 
 def _wrap(original: Any, wrapper: Wrapper) -> Any:

@@ -8,6 +8,7 @@ from speculators_hybrid.vllm_patches import (
     hidden_group,
     hidden_write,
     hma_config,
+    own_page,
     prefix_caching,
 )
 
@@ -17,4 +18,5 @@ PATCHES: tuple[Patch, ...] = (
     hidden_write.PATCH,
     engine_block.PATCH,
     prefix_caching.PATCH,
+    own_page.PATCH,  # after the patches it wraps on top of (get_kv_cache_groups)
 )

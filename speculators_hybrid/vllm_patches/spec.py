@@ -35,24 +35,23 @@ def bytes_per_token(spec: MLAAttentionSpec) -> int:
 
 
 def fit_to_page(
-    spec: HiddenStatesCacheSpec, page_bytes: int, base_block: int
+    spec: HiddenStatesCacheSpec, page_bytes: int, base_block: int, divide: bool = True
 ) -> HiddenStatesCacheSpec:
-    """The spec with the largest block size that divides `base_block` and fits one page.
+    """The spec with a block size whose tokens fit one page of `page_bytes`, padded to it.
 
-    Dividing the engine's block size keeps the scheduler's block size (the LCM of the
-    groups') and the prefix-cache hash block (their GCD) what they are without extraction.
-    The page is padded up to `page_bytes`, the page every group of the pool shares.
+    Without `divide` (prefix caching off): as many tokens as fit. With it, the largest block
+    size that also divides `base_block` (the engine's), so the scheduler's block (the groups'
+    LCM), the hash block (their GCD) and the prefix-cache hit granularity stay the model's;
+    the rest of the page is padding.
     """
     per_token = bytes_per_token(spec)
-    fits = [
-        b for b in range(1, base_block + 1) if base_block % b == 0 and b * per_token <= page_bytes
-    ]
-    if not fits:
+    most = page_bytes // per_token
+    if most < 1:
         raise ValueError(
             f"speculators-hybrid: one token of hidden states ({per_token} bytes: "
             f"{spec.num_kv_heads} layer ids x hidden size {spec.head_size}) does not fit in one "
             f"KV-cache page of this model ({page_bytes} bytes). Extract fewer layer ids."
         )
-    block = max(fits)
+    block = max(b for b in range(1, most + 1) if base_block % b == 0) if divide else most
     padded = page_bytes if block * per_token != page_bytes else None
     return replace(spec, block_size=block, page_size_padded=padded)  # type: ignore[call-arg]

@@ -136,15 +136,17 @@ def engine_scheduler(config, kv_cache_config):
     return scheduler, request
 
 
-def model_output(scheduler_output, sampled: dict[str, int]):
-    """What the model runner returns for a step: a token for each request whose prompt is done."""
-    from vllm.v1.outputs import ModelRunnerOutput
+def model_output(scheduler_output, sampled: dict[str, int], saved: frozenset[str] = frozenset()):
+    """What the model runner returns for a step: a token for each request whose prompt is done,
+    and the finished requests whose connector save completed (their blocks may then be freed)."""
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
     ids = list(scheduler_output.num_scheduled_tokens)
     return ModelRunnerOutput(
         req_ids=ids,
         req_id_to_index={r: i for i, r in enumerate(ids)},
         sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in ids],
+        kv_connector_output=KVConnectorOutput(finished_sending=set(saved)) if saved else None,
     )
 
 

@@ -76,13 +76,15 @@ def test_hidden_states_get_a_group_of_their_own(shim, tp, prefix_caching):
     assert isinstance(specs[HIDDEN], HiddenStatesCacheSpec)
     kv = planning.plan(config, specs, MEMORY)
 
-    # The target's own layers are grouped exactly as vLLM groups them without the hidden layer.
+    # The target's own layers keep the specs vLLM gives them without the hidden layer;
+    # hidden-states-own-page-size puts each in a one-layer group.
     without = {n: s for n, s in specs.items() if n != HIDDEN}
     alone = planning.plan(config, without, MEMORY)
-    assert [(g.layer_names, g.kv_cache_spec) for g in kv.kv_cache_groups[:-1]] == [
-        (g.layer_names, g.kv_cache_spec) for g in alone.kv_cache_groups
-    ]
     assert len(alone.kv_cache_groups) == 4  # 3 GDN groups + 1 attention group of 16 layers
+    layer_spec = {n: g.kv_cache_spec for g in alone.kv_cache_groups for n in g.layer_names}
+    assert [(g.layer_names, g.kv_cache_spec) for g in kv.kv_cache_groups[:-1]] == [
+        ([n], layer_spec[n]) for g in alone.kv_cache_groups for n in g.layer_names
+    ]
 
     hidden = kv.kv_cache_groups[-1]
     assert hidden.layer_names == [HIDDEN]
@@ -91,24 +93,24 @@ def test_hidden_states_get_a_group_of_their_own(shim, tp, prefix_caching):
     assert (spec.num_kv_heads, spec.head_size) == (len(IDS), 5120)
     page = kv.kv_cache_groups[0].kv_cache_spec.page_size_bytes
     assert spec.page_size_bytes == page
-    assert spec.real_page_size_bytes <= page
-    base = config.cache_config.block_size
-    assert base % spec.block_size == 0
-    # Largest such block: one more divisor step would overflow the page.
     per_token = len(IDS) * 5120 * 2
-    assert not any(
-        base % b == 0 and b * per_token <= page for b in range(spec.block_size + 1, base + 1)
-    )
+    assert spec.block_size * per_token <= page
+    most = page // per_token
+    if prefix_caching:  # the largest that fits and divides the engine block
+        base = config.cache_config.block_size
+        assert base % spec.block_size == 0
+        assert not any(base % b == 0 for b in range(spec.block_size + 1, most + 1))
+    else:  # as many tokens as fit
+        assert spec.block_size == most
 
-    # The engine's block sizes stay the model's: the scheduler block is what it is without
-    # extraction; the prefix-cache hash block divides every group's block (the check
-    # HybridKVCacheCoordinator asserts at start-up).
+    # The engine's block size stays the model's, and the prefix-cache hash block divides every
+    # group's block (the check HybridKVCacheCoordinator asserts at start-up).
     scheduler_block, hash_block = resolve_kv_cache_block_sizes(kv, config)
-    assert scheduler_block == resolve_kv_cache_block_sizes(alone, config)[0]
+    assert scheduler_block % resolve_kv_cache_block_sizes(alone, config)[0] == 0
     if prefix_caching:
         assert config.cache_config.mamba_cache_mode == "align"
         assert all(g.kv_cache_spec.block_size % hash_block == 0 for g in kv.kv_cache_groups)
-        assert kv.kv_cache_groups[0].kv_cache_spec.block_size == base  # mamba chunks aligned
+        assert kv.kv_cache_groups[0].kv_cache_spec.block_size == config.cache_config.block_size
 
 
 def test_extracted_bytes_fit_and_are_planned(shim):
@@ -128,7 +130,7 @@ def test_every_target_matches_its_fingerprint_on_this_vllm(shim):
     selected = PATCHER.select(vllm_patches())
     assert selected, f"no patch selected for vllm {installed('vllm')}"
     for patch in selected:
-        for target in patch.targets:
+        for target in patch.targets_for(installed("vllm")):
             PATCHER.verify(patch, target, importlib.import_module(target.module))
         assert patch.id in PATCHER.applied()  # armed, and every target now patched
 

@@ -7,15 +7,47 @@ from conftest import PATCHER, vllm_patches
 from speculators_hybrid.cli import main
 from speculators_hybrid.registry import base_version
 
+OWN_PAGE = "hidden-states-own-page-size"
+
 # vLLM release -> the patches it needs (the table README.md shows).
 NEEDED = {
-    "0.20.1": {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
-    "0.21.0": {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
-    "0.22.1": {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
-    "0.24.0": {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
-    "0.25.0": {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
-    "0.29.0": {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
-    "0.33.0": {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
+    "0.20.1": {
+        "keep-hma-for-extraction",
+        "hidden-states-own-group",
+        "hidden-states-write-slots",
+        OWN_PAGE,
+    },
+    "0.21.0": {
+        "keep-hma-for-extraction",
+        "hidden-states-own-group",
+        "hidden-states-write-slots",
+        OWN_PAGE,
+    },
+    "0.22.1": {
+        "hidden-block-divides-engine-block",
+        "no-prefix-caching-for-hybrid-extraction",
+        OWN_PAGE,
+    },
+    "0.24.0": {
+        "hidden-block-divides-engine-block",
+        "no-prefix-caching-for-hybrid-extraction",
+        OWN_PAGE,
+    },
+    "0.25.0": {
+        "hidden-block-divides-engine-block",
+        "no-prefix-caching-for-hybrid-extraction",
+        OWN_PAGE,
+    },
+    "0.29.0": {
+        "hidden-block-divides-engine-block",
+        "no-prefix-caching-for-hybrid-extraction",
+        OWN_PAGE,
+    },
+    "0.33.0": {
+        "hidden-block-divides-engine-block",
+        "no-prefix-caching-for-hybrid-extraction",
+        OWN_PAGE,
+    },
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -76,19 +77,22 @@ def engine_main(spec_path: str) -> None:
     from vllm.engine.arg_utils import EngineArgs
 
     spec = json.loads(Path(spec_path).read_text())
-    kwargs: dict[str, Any] = dict(
-        model=spec["model"],
-        tokenizer=spec["model"],
-        speculative_config={
+    extraction = {
+        "speculative_config": {
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": spec["ids"]}},
         },
-        kv_transfer_config={
+        "kv_transfer_config": {
             "kv_connector": "ExampleHiddenStatesConnector",
             "kv_role": "kv_producer",
             "kv_connector_extra_config": {"shared_storage_path": spec["storage"]},
         },
+    }
+    kwargs: dict[str, Any] = dict(
+        model=spec["model"],
+        tokenizer=spec["model"],
+        **(extraction if spec["ids"] else {}),  # no ids: plain serving, the capacity baseline
         enable_prefix_caching=spec["prefix_caching"],
         kv_cache_memory_bytes=2 * 1024**3,
         max_num_seqs=8,
@@ -181,6 +185,8 @@ def run_engine(spec: dict[str, Any], workdir: Path, name: str) -> dict[str, Any]
     if rc != 0 or not result.exists():
         pytest.fail(f"engine {name} exited with {rc}; log tail:\n{_tail(log)}")
     data = json.loads(result.read_text())
+    sizes = re.findall(r"GPU KV cache size: ([\d,]+) tokens", log.read_text(errors="replace"))
+    data["kv_cache_tokens"] = int(sizes[-1].replace(",", "")) if sizes else None
     data["plugin_lines"] = [
         line.strip()
         for line in log.read_text(errors="replace").splitlines()

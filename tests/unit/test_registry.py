@@ -202,3 +202,22 @@ def test_fingerprint_ignores_blank_lines_and_indentation_but_not_code(module_dir
     fa = fingerprint(importlib.import_module(a).f)
     assert fa == fingerprint(vars(importlib.import_module(b).C)["f"])
     assert fa != fingerprint(importlib.import_module(c).f)
+
+
+def test_two_patches_wrap_one_target_in_order_and_revert_cleanly(module_dir):
+    name = module_dir("target_stack")
+    prints = _prints(name)
+    inner = Patch(
+        "inner", "proj", ">=1", "none", "why", (Target(name, "add", _plus_one, (prints["add"],)),)
+    )
+    double = Target(name, "add", lambda w, i, a, k: w(*a, **k) * 2, (prints["add"],))
+    outer = Patch("outer", "proj", ">=1", "none", "why", (double,))
+    module = importlib.import_module(name)
+    original = module.add
+    patcher = _patcher()
+    patcher.apply([inner, outer])
+    assert module.add(1, 2) == 8  # (1 + 2 + 1) * 2: the later patch wraps the earlier one
+    assert patcher.applied() == ["inner", "outer"]
+    assert patcher.original(outer, double) is not original  # it replaced inner's wrapper
+    patcher.revert()
+    assert module.add is original

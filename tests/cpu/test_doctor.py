@@ -1,0 +1,41 @@
+"""`doctor` on the CPU: vLLM's own plans side by side, and the JSON schema docs/doctor.md gives."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import IDS, model_dir
+
+from speculators_hybrid.cli import main
+
+
+def test_doctor_json_shows_the_memory_target_met(shim, capsys):
+    assert main(["doctor", model_dir("qwen3.6-27b-like"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["schema"] == 1
+    assert out["setup"]["layer_ids"] == list(IDS)  # speculators' default for n = 64
+    assert [p["name"] for p in out["plans"]] == ["no-extraction", "stock", "shim"]
+    plain, stock, ours = out["plans"]
+    assert plain["ok"] and ours["ok"]
+    assert out["bytes"]["hidden_bytes_per_token"] == len(IDS) * 5120 * 2
+    assert out["bytes"]["attention_layers"] == 16 and out["bytes"]["state_layers"] == 48
+    target = plain["request_bytes"] + out["bytes"]["hidden_bytes_per_token"] * 262144
+    assert out["request_target_bytes"] == target
+    assert ours["request_bytes"] <= 1.05 * target
+    assert out["ratio_to_target"]["shim"] <= 1.05
+    if stock["ok"]:  # vLLM >= 0.22 starts, billing the hidden group at the widest group's width
+        assert out["ratio_to_target"]["stock"] > 5
+    else:  # older releases fail at start-up, as reported
+        assert "unified type" in stock["error"]
+    kinds = {g["kind"]: g for g in ours["groups"]}
+    assert all(g["layers"] == 1 for g in ours["groups"])
+    assert kinds["MambaSpec"]["count"] == 48 and kinds["FullAttentionSpec"]["count"] == 16
+    assert sum(g["count"] for g in ours["groups"]) == 65
+    assert "hidden-states-own-page-size" in ours["patches"]
+
+
+def test_doctor_warns_about_ids_that_cannot_work(shim, capsys):
+    code = main(["doctor", model_dir("tiny"), "--ids", "2", "2", "9", "--max-model-len", "4096"])
+    text = capsys.readouterr().out
+    assert "duplicated [2]" in text and "outside [0, 8]: [9]" in text
+    assert code in (0, 1)
