@@ -17,7 +17,6 @@ a file with NaN/Inf or all-zero token rows is not written; the request's
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,14 +30,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from speculators_hybrid.vllm_patches.hidden_write import block_index
+from speculators_hybrid.vllm_patches.provenance_meta import (
+    bad_rows,
+    guard_enabled,
+    provenance,
+    refuse,
+    save_whole,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
-
-logger = logging.getLogger("vllm.speculators_hybrid")
 
 
 def slots_for(block_ids: list[int], block_size: int, num_tokens: int) -> torch.Tensor:
@@ -61,17 +65,9 @@ def write_file(
     The lock file is left in place, as vLLM's own writer leaves it: speculators' readers
     take the lock, read, then delete it themselves.
     """
-    from safetensors.torch import save_file
-
     with open(f"{path}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        aside = f"{path}.{os.getpid()}.part"
-        try:
-            save_file(tensors, aside, metadata=metadata)
-            os.replace(aside, path)
-        finally:
-            if os.path.exists(aside):
-                os.unlink(aside)
+        save_whole(path, tensors, metadata)
 
 
 @dataclass
@@ -183,9 +179,7 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
             hidden = read_slots(kv_layer, save.slots).cpu()
             problem = bad_rows(hidden) if self._guard else None
             if problem is not None:
-                logger.error("speculators-hybrid: refusing %s: %s", save.path, problem)
-                with open(f"{save.path}.rejected", "w") as marker:
-                    marker.write(problem)
+                refuse(save.path, problem)
                 continue
             tokens = torch.tensor(save.token_ids, dtype=torch.int64)
             write_file(save.path, {"hidden_states": hidden, "token_ids": tokens}, self._provenance)
@@ -263,55 +257,6 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
         return "NHD"  # one token's hidden states contiguous, as the stock connector asks
-
-
-GUARD_ENV = "SPECULATORS_HYBRID_REFUSE_BAD"
-GUARD_KEY = "refuse_bad_hidden_states"  # in kv_connector_extra_config
-
-
-def guard_enabled(extra_config: Any) -> bool:
-    """Opt-in: `kv_connector_extra_config[GUARD_KEY]` or the `GUARD_ENV` variable."""
-    flag = str(os.environ.get(GUARD_ENV, "")).strip().lower() in ("1", "true", "yes")
-    return flag or bool(extra_config(GUARD_KEY, False))
-
-
-def bad_rows(hidden: torch.Tensor) -> str | None:
-    """Why `hidden` [tokens, ids, hidden] must not be published, or None."""
-    finite = torch.isfinite(hidden).reshape(hidden.shape[0], -1).all(dim=1)
-    if not bool(finite.all()):
-        return f"NaN or Inf at token rows {_first(~finite)}"
-    zero = (hidden == 0).reshape(hidden.shape[0], -1).all(dim=1)
-    if bool(zero.any()):
-        return f"all-zero hidden states at token rows {_first(zero)}"
-    return None
-
-
-def _first(mask: torch.Tensor, n: int = 8) -> str:
-    rows = mask.nonzero().flatten().tolist()
-    return ", ".join(map(str, rows[:n])) + (f" (+{len(rows) - n} more)" if len(rows) > n else "")
-
-
-def provenance(vllm_config: VllmConfig) -> dict[str, str]:
-    """Who wrote a file, as safetensors metadata (readers that ignore metadata are unaffected)."""
-    import hashlib
-    import json
-
-    import speculators_hybrid
-    from speculators_hybrid.plugin import PATCHER
-    from speculators_hybrid.versions import installed
-
-    model = vllm_config.model_config
-    draft = vllm_config.speculative_config.draft_model_config.hf_config  # type: ignore[union-attr]
-    config_json = json.dumps(model.hf_config.to_dict(), sort_keys=True, default=str)
-    return {
-        "writer": "speculators-hybrid",
-        "speculators_hybrid_version": speculators_hybrid.__version__,
-        "vllm_version": installed("vllm") or "unknown",
-        "speculators_hybrid_patches": json.dumps([p.id for p in PATCHER.selected]),
-        "layer_ids": json.dumps(list(draft.eagle_aux_hidden_state_layer_ids)),
-        "model": str(model.model),
-        "model_config_sha256": hashlib.sha256(config_json.encode()).hexdigest(),
-    }
 
 
 def _writes_files() -> bool:

@@ -1,0 +1,91 @@
+"""What every hidden-state file we write shares, whichever connector writes it.
+
+Provenance: safetensors metadata naming the writer (readers that ignore metadata, such as
+speculators', are unaffected; `speculators-hybrid check` reads it). The opt-in guard
+(`kv_connector_extra_config["refuse_bad_hidden_states"]` or `SPECULATORS_HYBRID_REFUSE_BAD=1`):
+a file with NaN/Inf or all-zero token rows is not written; `<path>.rejected` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger("vllm.speculators_hybrid")
+
+GUARD_ENV = "SPECULATORS_HYBRID_REFUSE_BAD"
+GUARD_KEY = "refuse_bad_hidden_states"  # in kv_connector_extra_config
+
+
+def guard_enabled(extra_config: Any) -> bool:
+    """Opt-in: `kv_connector_extra_config[GUARD_KEY]` or the `GUARD_ENV` variable."""
+    flag = str(os.environ.get(GUARD_ENV, "")).strip().lower() in ("1", "true", "yes")
+    return flag or bool(extra_config(GUARD_KEY, False))
+
+
+def bad_rows(hidden: torch.Tensor) -> str | None:
+    """Why `hidden` [tokens, ids, hidden] must not be published, or None."""
+    import torch
+
+    finite = torch.isfinite(hidden).reshape(hidden.shape[0], -1).all(dim=1)
+    if not bool(finite.all()):
+        return f"NaN or Inf at token rows {_first(~finite)}"
+    zero = (hidden == 0).reshape(hidden.shape[0], -1).all(dim=1)
+    if bool(zero.any()):
+        return f"all-zero hidden states at token rows {_first(zero)}"
+    return None
+
+
+def _first(mask: torch.Tensor, n: int = 8) -> str:
+    rows = mask.nonzero().flatten().tolist()
+    return ", ".join(map(str, rows[:n])) + (f" (+{len(rows) - n} more)" if len(rows) > n else "")
+
+
+def refuse(path: str, problem: str) -> None:
+    """Leave `<path>.rejected` with the reason instead of the file."""
+    logger.error("speculators-hybrid: refusing %s: %s", path, problem)
+    with open(f"{path}.rejected", "w") as marker:
+        marker.write(problem)
+
+
+def provenance(vllm_config: VllmConfig) -> dict[str, str]:
+    """Who wrote a file, as safetensors metadata."""
+    import hashlib
+    import json
+
+    import speculators_hybrid
+    from speculators_hybrid.plugin import PATCHER
+    from speculators_hybrid.versions import installed
+
+    model = vllm_config.model_config
+    draft = vllm_config.speculative_config.draft_model_config.hf_config  # type: ignore[union-attr]
+    config_json = json.dumps(model.hf_config.to_dict(), sort_keys=True, default=str)
+    return {
+        "writer": "speculators-hybrid",
+        "speculators_hybrid_version": speculators_hybrid.__version__,
+        "vllm_version": installed("vllm") or "unknown",
+        "speculators_hybrid_patches": json.dumps([p.id for p in PATCHER.selected]),
+        "layer_ids": json.dumps(list(draft.eagle_aux_hidden_state_layer_ids)),
+        "model": str(model.model),
+        "model_config_sha256": hashlib.sha256(config_json.encode()).hexdigest(),
+    }
+
+
+def save_whole(
+    path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None
+) -> None:
+    """Write `path` aside, then rename it into place: no reader sees it incomplete."""
+    from safetensors.torch import save_file
+
+    aside = f"{path}.{os.getpid()}.part"
+    try:
+        save_file(tensors, aside, metadata=metadata)
+        os.replace(aside, path)
+    finally:
+        if os.path.exists(aside):
+            os.unlink(aside)
