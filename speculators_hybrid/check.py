@@ -43,7 +43,7 @@ class KnownBad:
 
 
 # Writers whose hybrid hidden states are known to be wrong. `fixes`: the id of our patch for
-# the 0.24.x read-side block size (issue 3); keep it in step with vllm_patches.
+# the 0.24.x read-side block size (vllm_patches/hidden_read.py); keep them in step.
 KNOWN_BAD = (
     KnownBad(
         vllm=">=0.24.0,<0.25.0",
@@ -213,6 +213,13 @@ def _inspect(handle: Any, report: FileReport, samples: Samples | None, chunk: in
     bad_writer = provenance_problem(report.metadata)
     if bad_writer:
         report.error("bad_provenance", bad_writer)
+    elif "vllm_version" not in report.metadata:
+        report.warn(
+            "no_provenance",
+            "no provenance metadata, so the writer is unknown (vLLM without speculators-hybrid "
+            "writes none; vLLM 0.24.x can write zeros or other requests' rows for hybrid "
+            "targets, and only zero rows show in the checks)",
+        )
     keys = set(handle.keys())
     for key in sorted({"hidden_states", "token_ids"} - keys):
         report.error("missing_key", f"no {key!r} tensor (has {sorted(keys)})")

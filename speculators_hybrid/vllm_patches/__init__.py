@@ -6,10 +6,11 @@ from speculators_hybrid.registry import Patch
 from speculators_hybrid.vllm_patches import (
     engine_block,
     hidden_group,
+    hidden_read,
     hidden_write,
     hma_config,
-    own_page,
     prefix_caching,
+    provenance,
 )
 
 PATCHES: tuple[Patch, ...] = (
@@ -18,5 +19,7 @@ PATCHES: tuple[Patch, ...] = (
     hidden_write.PATCH,
     engine_block.PATCH,
     prefix_caching.PATCH,
-    own_page.PATCH,  # after the patches it wraps on top of (get_kv_cache_groups)
+    hidden_read.PATCH,
+    hidden_read.PAD_PATCH,
+    provenance.PATCH,
 )

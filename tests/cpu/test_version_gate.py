@@ -7,46 +7,39 @@ from conftest import PATCHER, vllm_patches
 from speculators_hybrid.cli import main
 from speculators_hybrid.registry import base_version
 
-OWN_PAGE = "hidden-states-own-page-size"
+PROVENANCE = "hidden-states-provenance"  # upstream's connector writes from 0.22
 
 # vLLM release -> the patches it needs (the table README.md shows).
 NEEDED = {
-    "0.20.1": {
-        "keep-hma-for-extraction",
-        "hidden-states-own-group",
-        "hidden-states-write-slots",
-        OWN_PAGE,
-    },
-    "0.21.0": {
-        "keep-hma-for-extraction",
-        "hidden-states-own-group",
-        "hidden-states-write-slots",
-        OWN_PAGE,
-    },
+    "0.20.1": {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
+    "0.21.0": {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
     "0.22.1": {
+        PROVENANCE,
+        "hidden-states-pad-slots",
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
-        OWN_PAGE,
     },
     "0.24.0": {
+        PROVENANCE,
+        "hidden-states-pad-slots",
+        "hidden-states-read-slots",
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
-        OWN_PAGE,
     },
     "0.25.0": {
+        PROVENANCE,
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
-        OWN_PAGE,
     },
     "0.29.0": {
+        PROVENANCE,
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
-        OWN_PAGE,
     },
     "0.33.0": {
+        PROVENANCE,
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
-        OWN_PAGE,
     },
 }
 

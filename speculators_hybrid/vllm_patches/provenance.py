@@ -1,0 +1,90 @@
+"""Provenance and the opt-in guard for files vLLM's own connector writes (vLLM >= 0.22).
+
+Why: from vLLM 0.22 hybrid targets use upstream's `ExampleHiddenStatesConnector` unchanged;
+its files carry no metadata, so `speculators-hybrid check` cannot tell who wrote them (a
+vLLM 0.24.x file with or without `hidden-states-read-slots`), and nothing stops a file of
+zeros or NaN from reaching training (speculators issue 613).
+How: the one function that writes a file, `_write_tensors` (run in the connector's writer
+threads once the copy to the host is done), writes the same provenance metadata as our
+connector for vLLM < 0.22, and, with the guard on (`refuse_bad_hidden_states` in
+`kv_connector_extra_config` or `SPECULATORS_HYBRID_REFUSE_BAD=1`), leaves `<path>.rejected`
+instead of a file with NaN/Inf or all-zero token rows. The file is written aside and renamed
+into place; the lock is released as upstream releases it. Upstream hands the path to the
+client when the request finishes, before the file is checked (0.24+ write it a step later,
+0.22-0.23 in a writer thread), so unlike our connector the request cannot carry
+`hidden_states_error`: the reader waits on the lock, then finds no file and fails.
+Upstream: none (upstream writes no metadata).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from speculators_hybrid.registry import Patch, Target, argument
+from speculators_hybrid.vllm_patches.provenance_meta import (
+    bad_rows,
+    guard_enabled,
+    provenance,
+    refuse,
+    save_whole,
+)
+
+logger = logging.getLogger("vllm.speculators_hybrid")
+
+CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+
+
+def writer_settings() -> tuple[dict[str, str] | None, bool]:
+    """(metadata, guard on) for this worker, from the connector vLLM set up in it."""
+    from vllm.distributed.kv_transfer.kv_transfer_state import (
+        get_kv_transfer_group,
+        has_kv_transfer_group,
+    )
+
+    if not has_kv_transfer_group():
+        return None, guard_enabled(lambda key, default: default)
+    connector = get_kv_transfer_group()
+    guard = guard_enabled(connector._kv_transfer_config.get_from_extra_config)
+    try:
+        return provenance(connector._vllm_config), guard
+    except Exception as exc:  # noqa: BLE001 (never lose the data for its label)
+        logger.warning("speculators-hybrid: no provenance for hidden-state files: %r", exc)
+        return None, guard
+
+
+def _write_with_provenance(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:
+    tensors = argument(args, kwargs, 0, "tensors")
+    event = argument(args, kwargs, 1, "event")
+    path = argument(args, kwargs, 2, "filename")
+    lock_fd = argument(args, kwargs, 3, "lock_fd")
+    try:
+        event.synchronize()  # the copy to host memory is done
+        metadata, guard = writer_settings()
+        problem = bad_rows(tensors["hidden_states"]) if guard else None
+        if problem is not None:
+            refuse(path, problem)
+        else:
+            save_whole(path, tensors, metadata)
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)  # releases the reader's wait
+
+
+PATCH = Patch(
+    id="hidden-states-provenance",
+    project="vllm",
+    versions=">=0.22",
+    fixed_upstream="none (upstream writes no metadata)",
+    why=__doc__ or "",
+    targets=(
+        Target(
+            CONNECTOR,
+            "ExampleHiddenStatesConnector._write_tensors",
+            _write_with_provenance,
+            # The same code in 0.22.1, 0.23.0 (read in its wheel), 0.24.0, 0.25.0, 0.29.0, 0.33.0.
+            ("ce3411c23a4b53e5",),
+        ),
+    ),
+)
