@@ -45,11 +45,20 @@ def test_without_vllm_nothing_is_armed(monkeypatch):
         ),
         (
             "0.22.0",
-            {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
+            {
+                "hidden-block-divides-engine-block",
+                "no-prefix-caching-for-hybrid-extraction",
+                "hidden-states-pad-slots",
+                "hidden-states-provenance",
+            },
         ),
         (
             "0.25.0",
-            {"hidden-block-divides-engine-block", "no-prefix-caching-for-hybrid-extraction"},
+            {
+                "hidden-block-divides-engine-block",
+                "no-prefix-caching-for-hybrid-extraction",
+                "hidden-states-provenance",
+            },
         ),
     ],
 )
