@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speculators_hybrid import check, launch, run
+from speculators_hybrid import check, launch, run, upstream
 from speculators_hybrid.plugin import disabled, vllm_patches
 from speculators_hybrid.registry import Patch, Patcher
 from speculators_hybrid.versions import installed
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     patches = sub.add_parser("patches", help="the patches and whether they apply here")
     patches_sub = patches.add_subparsers(dest="action", required=True)
     patches_sub.add_parser("list").set_defaults(func=_patches_list)
+    upstream.add_cli(patches_sub)  # check, unpack, export: the diffs under patches/
 
     doc = sub.add_parser("doctor", help="vLLM's KV-cache plan for extraction, with and without us")
     doc.add_argument("model", nargs="?", help="model or config directory (config.json is enough)")

@@ -1,0 +1,308 @@
+"""Our runtime patches as plain source diffs: `patches/<project>/<version>/NNNN-<patch-id>.patch`.
+
+A diff is rooted at the folder that holds the package (`a/vllm/...`) and applies there with
+`git apply -p1`; the diffs of one release apply in file-name order, each on top of the ones
+before. The lines before the first `diff --git` are its header (git apply skips them): the
+problem, the evidence, the fix, its relation to upstream and the tests that cover it.
+
+- check: each diff applies to the release's pristine source, read from the installed package
+  when its version is the release, else from the release's wheel (`pip download` into a cache
+  folder, or a wheel already in $SPECULATORS_HYBRID_WHEELS); only the touched files are read.
+- unpack: the release's package into a fresh git repository, one commit per existing diff
+  (subject `NNNN-<patch-id>`, body the header).
+- export: one diff per commit of such a repository, each keeping its header.
+
+Workflow for a new or changed diff: `unpack`, edit the sources (amend the diff's commit, or add
+a commit whose subject is the new `NNNN-<patch-id>` and whose body is its header), `export`,
+then `check`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import Version
+
+# The checkout's patches/ (the diffs are not in the wheel); else ./patches.
+ROOT = next(
+    (p for p in (Path(__file__).resolve().parent.parent / "patches",) if p.is_dir()),
+    Path("patches"),
+)
+SECTIONS = ("Problem:", "Evidence:", "Fix:", "Upstream:", "Tests:")
+SUBJECT = re.compile(r"^\d{4}-[a-z0-9][a-z0-9-]*$")
+_IDENTITY = ["-c", "user.name=speculators-hybrid", "-c", "user.email=speculators-hybrid@localhost"]
+
+
+def releases(root: Path, project: str) -> list[str]:
+    folder = root / project
+    if not folder.is_dir():
+        return []
+    return sorted((p.name for p in folder.iterdir() if p.is_dir()), key=Version)
+
+
+def diffs(root: Path, project: str, version: str) -> list[Path]:
+    return sorted((root / project / version).glob("*.patch"))
+
+
+def header(text: str) -> str:
+    """The lines before the first `diff --git`."""
+    found = re.search(r"^diff --git ", text, re.MULTILINE)
+    return text[: found.start()] if found else text
+
+
+def touched(text: str) -> set[str]:
+    """Paths of the existing files a diff changes (new files need no source)."""
+    return {m for m in re.findall(r"^--- a/(\S+)$", text, re.MULTILINE)}
+
+
+def _git(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", *_IDENTITY, *args], cwd=cwd, capture_output=True, text=True, check=check
+    )
+
+
+def _installed(project: str, version: str) -> Path | None:
+    """site-packages of the installed `project` if it is this release."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(project)
+    except metadata.PackageNotFoundError:
+        return None
+    if dist.version != version:
+        return None
+    return Path(str(dist.locate_file("")))
+
+
+def wheel(project: str, version: str) -> Path:
+    """The release's wheel, from $SPECULATORS_HYBRID_WHEELS or the cache (downloaded once)."""
+    folder = Path(
+        os.environ.get("SPECULATORS_HYBRID_WHEELS")
+        or Path.home() / ".cache" / "speculators-hybrid" / "wheels"
+    )
+    pattern = f"{project.replace('-', '_')}-{version}-*.whl"
+    found = sorted(folder.glob(pattern))
+    if not found:
+        folder.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+            + ["-d", str(folder), f"{project}=={version}"],
+            capture_output=True,
+            text=True,
+        )
+        found = sorted(folder.glob(pattern))
+        if not found:
+            raise FileNotFoundError(
+                f"no wheel of {project} {version} in {folder} and pip could not fetch it "
+                f"({done.stderr.strip()[-300:]}); put the wheel there or set "
+                "SPECULATORS_HYBRID_WHEELS to a folder that has it"
+            )
+    return found[0]
+
+
+def pristine(
+    project: str, version: str, files: set[str] | None, dest: Path, source: Path | None = None
+) -> str:
+    """Copy the release's files (all of `project/` if `files` is None) into `dest`.
+
+    Returns where they came from. Compiled extensions are left out of a whole package.
+    """
+    base = source or _installed(project, version)
+    if base is not None:
+        names = files if files is not None else _package_files(base, project)
+        for name in names:
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if (base / name).exists():
+                shutil.copyfile(base / name, target)
+        return f"{'given' if source else 'installed'} {base}"
+    path = wheel(project, version)
+    with zipfile.ZipFile(path) as archive:
+        members = set(archive.namelist())
+        names = files if files is not None else _package_members(members, project)
+        for name in sorted(set(names) & members):
+            archive.extract(name, dest)
+    return f"wheel {path}"
+
+
+def _package_files(base: Path, project: str) -> set[str]:
+    package = base / project.replace("-", "_")
+    return {str(p.relative_to(base)) for p in package.rglob("*") if _wanted(p.name, p.is_file())}
+
+
+def _package_members(members: set[str], project: str) -> set[str]:
+    prefix = project.replace("-", "_") + "/"
+    return {m for m in members if m.startswith(prefix) and _wanted(m, not m.endswith("/"))}
+
+
+def _wanted(name: str, is_file: bool) -> bool:
+    return is_file and not name.endswith((".so", ".pyc"))
+
+
+@dataclass(frozen=True)
+class Result:
+    diff: Path
+    ok: bool
+    message: str
+
+
+def check(
+    root: Path, project: str, version: str, source: Path | None = None
+) -> tuple[str, list[Result]]:
+    """Apply a release's diffs in order to its pristine source; one result per diff."""
+    found = diffs(root, project, version)
+    texts = {d: d.read_text() for d in found}
+    files = set().union(*(touched(t) for t in texts.values())) if texts else set()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="spec-hybrid-check-") as tmp:
+        tree = Path(tmp)
+        where = pristine(project, version, files, tree, source)
+        _git(["init", "-q"], tree)  # its own root: git apply paths are relative to it
+        for diff in found:
+            missing = [s for s in SECTIONS if s not in header(texts[diff])]
+            applied = _git(["apply", "-p1", str(diff)], tree, check=False)
+            if applied.returncode == 0:
+                ok, message = (
+                    not missing,
+                    "applies" + (f"; header lacks {', '.join(missing)}" if missing else ""),
+                )
+            elif _git(["apply", "--check", "-R", "-p1", str(diff)], tree, check=False).returncode:
+                ok, message = False, f"does not apply: {applied.stderr.strip()}"
+            else:
+                ok, message = False, "already applied to this source (it is not pristine)"
+            results.append(Result(diff, ok, message))
+    return where, results
+
+
+def patched_copy(root: Path, project: str, version: str, package: Path, dest: Path) -> Path:
+    """`package` (an installed `vllm/` folder) mirrored under `dest` with the diffs applied.
+
+    Unchanged files are symbolic links to the installed ones; the touched ones are copies,
+    patched. Put `dest` first on `sys.path` to import the patched package.
+    """
+    mirror = dest / package.name
+    shutil.copytree(
+        package, mirror, copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    found = diffs(root, project, version)
+    for name in set().union(*(touched(d.read_text()) for d in found)):
+        path = dest / name
+        if path.is_symlink():
+            path.unlink()
+            shutil.copyfile(package.parent / name, path)
+    _git(["init", "-q"], dest)
+    for diff in found:
+        _git(["apply", "-p1", str(diff)], dest)
+    return mirror
+
+
+def unpack(root: Path, project: str, version: str, dest: Path, source: Path | None = None) -> str:
+    """The release's package in a new git repository at `dest`, one commit per diff."""
+    dest.mkdir(parents=True, exist_ok=False)
+    where = pristine(project, version, None, dest, source)
+    _git(["init", "-q"], dest)
+    _git(["add", "-A"], dest)
+    _git(["commit", "-q", "-m", f"{project} {version} (pristine, from {where})"], dest)
+    for diff in diffs(root, project, version):
+        _git(["apply", "-p1", str(diff)], dest)
+        _git(["add", "-A"], dest)
+        _git(["commit", "-q", "-m", f"{diff.stem}\n\n{header(diff.read_text())}"], dest)
+    return where
+
+
+def export(root: Path, project: str, version: str, repo: Path) -> list[Path]:
+    """Write one diff per commit after the pristine one, keeping each diff's header."""
+    first = _git(["rev-list", "--max-parents=0", "HEAD"], repo).stdout.split()[0]
+    commits = _git(["rev-list", "--reverse", f"{first}..HEAD"], repo).stdout.split()
+    folder = root / project / version
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for commit in commits:
+        subject = _git(["log", "-1", "--format=%s", commit], repo).stdout.strip()
+        if not SUBJECT.match(subject):
+            raise ValueError(f"commit {commit[:12]}: subject {subject!r} is not NNNN-<patch-id>")
+        target = folder / f"{subject}.patch"
+        kept = header(target.read_text()) if target.exists() else ""
+        text = kept or _git(["log", "-1", "--format=%b", commit], repo).stdout.strip() + "\n\n"
+        diff = _git(["diff", "--no-color", "--no-renames", f"{commit}^", commit], repo).stdout
+        target.write_text(text + diff)
+        written.append(target)
+    return written
+
+
+# ---- command line (`speculators-hybrid patches check|unpack|export`) ----
+
+
+def _check_cli(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    if args.source and len(args.project or ()) * len(args.version or ()) != 1:
+        print("check: --source needs exactly one --project and one --version", file=sys.stderr)
+        return 2
+    failed = 0
+    for project in args.project or ("vllm", "speculators"):
+        for version in args.version or releases(root, project):
+            if not diffs(root, project, version):
+                print(f"{project} {version}: no diffs")
+                failed += 1
+                continue
+            try:
+                where, results = check(root, project, version, args.source)
+            except (OSError, subprocess.CalledProcessError) as exc:
+                print(f"{project} {version}: no pristine source: {exc}")
+                failed += 1
+                continue
+            print(f"{project} {version} ({where})")
+            for result in results:
+                print(f"  {'ok  ' if result.ok else 'FAIL'} {result.diff.name}: {result.message}")
+                failed += not result.ok
+    return 1 if failed else 0
+
+
+def _unpack_cli(args: argparse.Namespace) -> int:
+    where = unpack(Path(args.root), args.project, args.version, Path(args.dest), args.source)
+    print(f"{args.dest}: {args.project} {args.version} from {where}, one commit per diff")
+    return 0
+
+
+def _export_cli(args: argparse.Namespace) -> int:
+    for path in export(Path(args.root), args.project, args.version, Path(args.repo)):
+        print(f"wrote {path}")
+    return 0
+
+
+def add_cli(patches_sub: argparse._SubParsersAction) -> None:
+    """`check`, `unpack` and `export` under `speculators-hybrid patches`."""
+    root = dict(default=str(ROOT), help=f"the patches folder (default {ROOT})")
+    source = dict(type=Path, help="a folder holding the pristine package, instead of the wheel")
+
+    check_parser = patches_sub.add_parser("check", help="do the diffs apply to their releases?")
+    check_parser.add_argument("--project", action="append", choices=("vllm", "speculators"))
+    check_parser.add_argument("--version", action="append", help="a release (default: all)")
+    check_parser.add_argument("--source", **source)  # type: ignore[arg-type]
+    check_parser.add_argument("--root", **root)  # type: ignore[arg-type]
+    check_parser.set_defaults(func=_check_cli)
+
+    unpack_parser = patches_sub.add_parser(
+        "unpack", help="a release as a git repo, diffs as commits"
+    )
+    export_parser = patches_sub.add_parser(
+        "export", help="regenerate a release's diffs from a repo"
+    )
+    for parser in (unpack_parser, export_parser):
+        parser.add_argument("--project", default="vllm", choices=("vllm", "speculators"))
+        parser.add_argument("--version", required=True)
+        parser.add_argument("--root", **root)  # type: ignore[arg-type]
+    unpack_parser.add_argument("dest", help="a new folder")
+    unpack_parser.add_argument("--source", **source)  # type: ignore[arg-type]
+    unpack_parser.set_defaults(func=_unpack_cli)
+    export_parser.add_argument("repo", help="a folder made by `unpack`, with your commits")
+    export_parser.set_defaults(func=_export_cli)

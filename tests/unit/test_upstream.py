@@ -1,0 +1,126 @@
+"""`speculators-hybrid patches check|unpack|export` on a small made-up package (no vLLM)."""
+
+from __future__ import annotations
+
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from speculators_hybrid import upstream
+from speculators_hybrid.cli import main
+
+HEADER = "Subject: fix\n\nProblem: p\nEvidence: e\nFix: f\nUpstream: u\nTests: t\n"
+ORIGINAL = "def answer():\n    return 41\n\n\ndef other():\n    return 1\n"
+
+
+@pytest.fixture
+def release(tmp_path: Path) -> Path:
+    """A pristine release of the package `demo` 1.0: a folder holding `demo/`."""
+    source = tmp_path / "pristine"
+    (source / "demo").mkdir(parents=True)
+    (source / "demo" / "__init__.py").write_text("")
+    (source / "demo" / "core.py").write_text(ORIGINAL)
+    return source
+
+
+def _commit(repo: Path, message: str) -> None:
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "commit", "-qam", message], cwd=repo, check=True)
+
+
+def _fixed(root: Path, release: Path, tmp_path: Path) -> Path:
+    """unpack, edit, commit, export: the documented workflow. Returns the diff."""
+    repo = tmp_path / "work"
+    upstream.unpack(root, "demo", "1.0", repo, source=release)
+    core = repo / "demo" / "core.py"
+    core.write_text(core.read_text().replace("41", "42"))
+    _commit(repo, f"0001-fix-answer\n\n{HEADER}")
+    (written,) = upstream.export(root, "demo", "1.0", repo)
+    return written
+
+
+def test_export_writes_the_header_and_a_diff_rooted_at_the_package(tmp_path, release):
+    diff = _fixed(tmp_path / "patches", release, tmp_path)
+    text = diff.read_text()
+    assert diff == tmp_path / "patches" / "demo" / "1.0" / "0001-fix-answer.patch"
+    assert upstream.header(text).strip() == HEADER.strip()
+    assert "--- a/demo/core.py\n+++ b/demo/core.py\n" in text
+    assert "-    return 41\n+    return 42\n" in text
+    assert upstream.touched(text) == {"demo/core.py"}
+
+
+def test_check_applies_in_order_and_reports_each_diff(tmp_path, release):
+    root = tmp_path / "patches"
+    _fixed(root, release, tmp_path)
+    where, (result,) = upstream.check(root, "demo", "1.0", source=release)
+    assert where.startswith("given") and result.ok and result.message == "applies"
+    assert (release / "demo" / "core.py").read_text() == ORIGINAL  # only a copy was patched
+
+    patched = tmp_path / "patched"
+    upstream.patched_copy(root, "demo", "1.0", release / "demo", patched)
+    _, (again,) = upstream.check(root, "demo", "1.0", source=patched)
+    assert not again.ok and "already applied" in again.message
+
+    (release / "demo" / "core.py").write_text(ORIGINAL.replace("return 41", "return 40"))
+    _, (stale,) = upstream.check(root, "demo", "1.0", source=release)
+    assert not stale.ok and stale.message.startswith("does not apply")
+
+
+def test_check_reads_the_wheel_and_wants_every_header_section(tmp_path, release, monkeypatch):
+    root = tmp_path / "patches"
+    diff = _fixed(root, release, tmp_path)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "demo-1.0-py3-none-any.whl", "w") as wheel:
+        for path in (release / "demo").iterdir():
+            wheel.write(path, f"demo/{path.name}")
+    monkeypatch.setenv("SPECULATORS_HYBRID_WHEELS", str(wheels))
+    where, (result,) = upstream.check(root, "demo", "1.0")
+    assert where.startswith("wheel") and result.ok
+
+    diff.write_text(diff.read_text().replace("Tests: t\n", ""))
+    _, (result,) = upstream.check(root, "demo", "1.0")
+    assert not result.ok and result.message == "applies; header lacks Tests:"
+
+
+def test_unpack_replays_the_diffs_and_export_keeps_their_headers(tmp_path, release):
+    root = tmp_path / "patches"
+    diff = _fixed(root, release, tmp_path)
+    diff.write_text(diff.read_text().replace("Problem: p", "Problem: edited in the file"))
+    repo = tmp_path / "again"
+    upstream.unpack(root, "demo", "1.0", repo, source=release)
+    assert "return 42" in (repo / "demo" / "core.py").read_text()
+    core = repo / "demo" / "core.py"
+    core.write_text(core.read_text().replace("return 1\n", "return 2\n"))
+    _commit(repo, "0002-fix-other\n\n" + HEADER)
+    first, second = upstream.export(root, "demo", "1.0", repo)
+    assert "Problem: edited in the file" in first.read_text()  # kept, body regenerated
+    assert "+    return 2\n" in second.read_text() and "42" not in second.read_text()
+
+
+def test_export_refuses_a_commit_that_names_no_patch(tmp_path, release):
+    repo = tmp_path / "work"
+    upstream.unpack(tmp_path / "patches", "demo", "1.0", repo, source=release)
+    (repo / "demo" / "core.py").write_text("x = 1\n")
+    _commit(repo, "tidy up")
+    with pytest.raises(ValueError, match="is not NNNN-<patch-id>"):
+        upstream.export(tmp_path / "patches", "demo", "1.0", repo)
+
+
+def test_patched_copy_links_what_no_diff_touches(tmp_path, release):
+    root = tmp_path / "patches"
+    _fixed(root, release, tmp_path)
+    copy = upstream.patched_copy(root, "demo", "1.0", release / "demo", tmp_path / "copy")
+    assert (copy / "__init__.py").is_symlink()
+    assert not (copy / "core.py").is_symlink() and "return 42" in (copy / "core.py").read_text()
+
+
+def test_cli_check_exit_status(tmp_path, release, capsys):
+    root = tmp_path / "patches"
+    _fixed(root, release, tmp_path)
+    args = ["patches", "check", "--root", str(root), "--project", "vllm", "--version", "1.0"]
+    assert main(args) == 1  # no vLLM 1.0 diffs there
+    assert "vllm 1.0: no diffs" in capsys.readouterr().out
+    assert main([*args[:-4], "--source", str(release)]) == 2  # --source needs one release
