@@ -7,6 +7,7 @@ vLLM loads our plugin by itself as soon as `EngineArgs` is used.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -30,6 +31,51 @@ from speculators_hybrid.plugin import PATCHER, vllm_patches  # noqa: E402
 # vLLM 0.22.x refuses ExampleHiddenStatesConnector with chunked prefill (config/vllm.py); Mamba
 # prefix caching ("align" mode) needs chunked prefill, so 0.22.x cannot cache hybrid prefixes.
 NO_CHUNKED_PREFILL = (PATCHER.version_of("vllm") or "").startswith("0.22.")
+
+# vLLM with our diffs in its source (patches/vllm, tests/upstream): the fix is vLLM's own, the
+# shim stays off, and tests marked `shim_only` (the shim's machinery, our connector class, how
+# unpatched vLLM fails) or using `no_shim` are skipped. The diffs' marker spec is vLLM's class.
+PATCHED_VLLM = os.environ.get("SPECULATORS_HYBRID_PATCHED_VLLM") == "1"
+SHIM_ONLY = (  # existing tests of that kind, by name
+    "test_config_keeps_hma_and_names_our_connector",
+    "test_every_target_matches_its_fingerprint_on_this_vllm",
+    "test_prompt_longer_than_a_chunk_gives_one_complete_save",
+    "test_prefix_cache_hit_reuses_hidden_state_blocks",
+    "test_guard_turns_a_refused_file_into_a_request_error",
+    "test_worker_writes_the_file_speculators_reads",
+    "test_guard_refuses_nan_or_all_zero_rows",
+    "test_stock_store_cannot_write_a_padded_view",
+    "test_loader_switches",
+    "test_patches_list_says_what_applies_here",
+)
+DIFFED: set[str] = set()  # ids of the patches whose diff this vLLM's source carries
+if PATCHED_VLLM:
+    from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
+
+    from speculators_hybrid import upstream
+    from speculators_hybrid.registry import base_version
+    from speculators_hybrid.vllm_patches import spec
+
+    spec.HiddenStatesCacheSpec = HiddenStateCacheSpec  # type: ignore[misc]
+    release = str(base_version(PATCHER.version_of("vllm") or ""))
+    DIFFED = {d.stem.split("-", 1)[1] for d in upstream.diffs(upstream.ROOT, "vllm", release)}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "shim_only: skipped against a patched vLLM source")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not PATCHED_VLLM:
+        return
+    skip = pytest.mark.skip(reason="tests the shim or unpatched vLLM; this vLLM has the fix")
+    for item in items:
+        name = getattr(item, "originalname", item.name)
+        used = getattr(item, "fixturenames", ())
+        if item.get_closest_marker("shim_only") or name in SHIM_ONLY or "no_shim" in used:
+            item.add_marker(skip)
+
+
 IDS = (2, 32, 61, 64)  # speculators' default for 64 layers: [2, n//2, n-3, n]
 MEMORY = 1 << 40  # planning only: enough for one 262,144-token request either way
 
@@ -44,7 +90,7 @@ def model_dir(preset: str, multimodal: bool = True) -> str:
 
 def set_shim(on: bool) -> None:
     PATCHER.revert()
-    if on:
+    if on and not PATCHED_VLLM:
         PATCHER.apply(vllm_patches())
 
 
@@ -99,6 +145,7 @@ def engine_config(
 def engine_scheduler(config, kv_cache_config):
     """The scheduler and request maker the engine core builds for this plan (vLLM's classes)."""
     from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils
     from vllm.v1.core.kv_cache_utils import (
         generate_scheduler_kv_cache_config,
         get_request_block_hasher,
@@ -111,7 +158,12 @@ def engine_scheduler(config, kv_cache_config):
     kv = generate_scheduler_kv_cache_config([kv_cache_config])
     # What EngineCore._initialize_kv_caches does next, in vLLM 0.20.1-0.33.0:
     config.cache_config.num_gpu_blocks = kv.num_blocks
-    config.cache_config.block_size = min(g.kv_cache_spec.block_size for g in kv.kv_cache_groups)
+    # (a vLLM patched by patches/vllm picks it with its `engine_block_size`)
+    pick = getattr(kv_cache_utils, "engine_block_size", None)
+    groups = kv.kv_cache_groups
+    config.cache_config.block_size = (
+        pick(groups) if pick else min(g.kv_cache_spec.block_size for g in groups)
+    )
     config.validate_block_size()
     block_size, hash_block_size = resolve_kv_cache_block_sizes(kv, config)
     scheduler = Scheduler(
@@ -154,6 +206,9 @@ def needs(*patch_ids: str) -> pytest.MarkDecorator:
     """Skip unless the installed vLLM needs these patches (others retire at their upstream fix)."""
     selected = {p.id for p in PATCHER.select(vllm_patches())}
     missing = [p for p in patch_ids if p not in selected]
+    if PATCHED_VLLM and not missing:  # the fix must come from a diff in patches/vllm
+        undiffed = [p for p in patch_ids if p not in DIFFED]
+        return pytest.mark.skipif(bool(undiffed), reason=f"no diff for {undiffed} in patches/vllm")
     return pytest.mark.skipif(
         bool(missing), reason=f"vLLM {PATCHER.version_of('vllm')} does not need {missing}"
     )

@@ -1,0 +1,58 @@
+"""patches/speculators/<installed release>: the diffs apply, and they are the same fix as the shim.
+
+1. Each diff applies, in order, to the installed (pristine) release.
+2. A copy of the installed speculators with the diffs applied, the shim off, builds each
+   algorithm's draft model on tiny verifiers: the frozen verifier norm equals transformers' own
+   final norm bit for bit (`x * (1 + w)` for Qwen3.5 / Qwen3.5-MoE / Qwen3-Next, `x * w` else).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from packaging.version import Version
+from patched_release import REPO, check_failures, patched, release
+
+VERSION = release("speculators")
+
+pytestmark = pytest.mark.skipif(VERSION is None, reason="needs an installed speculators release")
+
+PROBE = """
+import sys, tempfile
+from pathlib import Path
+import torch
+import speculators
+from packaging.version import Version
+from tiny_models import ONE_PLUS_W, build, transformers_norm, write_verifier
+print("FROM", speculators.__file__)
+algorithms = ("eagle3", "dflash") if Version(sys.argv[1]) >= Version("0.6.0") else ("eagle3",)
+root = Path(tempfile.mkdtemp())
+for model_type in ONE_PLUS_W + ("qwen3", "llama"):
+    path, weight = write_verifier(root, model_type)
+    reference = transformers_norm(model_type if model_type in ONE_PLUS_W else "qwen3", weight)
+    for algorithm in algorithms:
+        norm = build(algorithm, path).verifier_norm
+        x = torch.randn(2, 7, 64) * 3
+        same = all(torch.equal(norm(v), reference(v)) for v in (x, x.to(torch.bfloat16)))
+        print("NORM", algorithm, model_type, "same" if same else "DIFFERENT")
+"""
+
+
+def test_every_diff_applies_to_the_installed_release():
+    assert check_failures("speculators") == []
+
+
+def test_patched_source_gives_the_verifiers_own_norm(tmp_path):
+    assert VERSION is not None
+    copy, env = patched("speculators", tmp_path / "src", REPO / "tests" / "speculators")
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, VERSION], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stdout.splitlines()
+    assert f"FROM {copy / '__init__.py'}" in lines
+    norms = [line.split()[1:] for line in lines if line.startswith("NORM ")]
+    assert len(norms) == 7 * (2 if Version(VERSION) >= Version("0.6.0") else 1)
+    assert [n for n in norms if n[2] != "same"] == []

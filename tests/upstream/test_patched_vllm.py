@@ -1,0 +1,88 @@
+"""patches/vllm/<installed release>: the diffs apply, and they are the same fix as the shim.
+
+1. Every runtime patch the release needs has a diff, and each diff applies, in order, to the
+   installed release (pristine: tox installs its wheel).
+2. tests/cpu pass against a copy of the installed vLLM with the diffs applied and the shim
+   off (SPECULATORS_HYBRID_DISABLE=1, SPECULATORS_HYBRID_PATCHED_VLLM=1; see
+   tests/cpu/conftest.py for what that mode skips), and the tests that cover the diffs ran.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+from patched_release import REPO, ROOT, check_failures, patched, release
+
+from speculators_hybrid import upstream
+
+VERSION = release("vllm")
+
+pytestmark = pytest.mark.skipif(VERSION is None, reason="needs an installed vLLM release")
+
+# Tests that must pass, not skip, against the patched source: they exercise the diffs.
+MUST_PASS_BEFORE_022 = {
+    "test_hidden_states_get_a_group_of_their_own",
+    "test_non_hybrid_planning_is_vllms_own",
+    "test_engine_block_size_stays_the_models",
+    "test_store_and_read_round_trip_through_the_padded_view",
+    "test_a_chunked_prompt_gives_one_complete_file_from_the_hidden_group",
+}
+MUST_PASS_FROM_022 = {"test_with_shim_the_engine_keeps_the_models_block_size"}
+
+
+def _outcomes(report: Path) -> dict[str, set[str]]:
+    """Test name (parameters dropped) -> its outcomes, from a JUnit XML report."""
+    found: dict[str, set[str]] = {}
+    for case in ET.parse(report).iter("testcase"):
+        tags = {child.tag for child in case} & {"failure", "error", "skipped"}
+        name = case.get("name", "").split("[")[0]
+        found.setdefault(name, set()).add(tags.pop() if tags else "passed")
+    return found
+
+
+def test_every_patch_this_release_needs_has_a_diff():
+    from speculators_hybrid.plugin import PATCHER, vllm_patches
+
+    needed = {p.id for p in PATCHER.select(vllm_patches())}
+    diffed = {d.stem.split("-", 1)[1] for d in upstream.diffs(ROOT, "vllm", str(VERSION))}
+    assert sorted(needed - diffed) == [], (
+        f"runtime patches without a diff in patches/vllm/{VERSION}"
+    )
+    assert sorted(diffed - needed) == [], "diffs of patches this release does not need"
+
+
+def test_every_diff_applies_to_the_installed_release():
+    assert check_failures("vllm") == []
+
+
+def test_cpu_suite_passes_against_the_patched_source(tmp_path):
+    assert VERSION is not None
+    copy, env = patched("vllm", tmp_path / "src")
+    env["SPECULATORS_HYBRID_PATCHED_VLLM"] = "1"
+    probe = "import vllm, speculators_hybrid; print(vllm.__file__, speculators_hybrid.__file__)"
+    where = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert where.stdout.split() == [
+        str(copy / "__init__.py"),
+        str(REPO / "speculators_hybrid" / "__init__.py"),
+    ]
+
+    report = tmp_path / "report.xml"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"]
+        + [f"--junitxml={report}", "tests/cpu"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stdout[-6000:]
+    outcomes = _outcomes(report)
+    early = Version(VERSION) < Version("0.22")
+    must = MUST_PASS_BEFORE_022 if early else MUST_PASS_FROM_022
+    assert {name: outcomes.get(name) for name in must} == {name: {"passed"} for name in must}
