@@ -32,6 +32,8 @@ def _patches_list(_: argparse.Namespace) -> int:
         for target in patch.targets:
             scope = f" ({patch.project} {target.versions})" if target.versions else ""
             print(f"  target:   {target.name}{scope}")
+        for arch, path in getattr(patch, "models", ()):  # a Registration: nothing wrapped
+            print(f"  registers: {arch} -> {path}")
         if needed:
             print(f"  check:    {_check(patch)}")
     return 0
@@ -40,8 +42,11 @@ def _patches_list(_: argparse.Namespace) -> int:
 def _check(patch: Patch) -> str:
     import importlib
 
+    from speculators_hybrid.model_registration import Registration, check
     from speculators_hybrid.registry import PatchError
 
+    if isinstance(patch, Registration):
+        return check(patch)
     checker = Patcher(version_of=installed)
     try:
         for target in patch.targets_for(installed(patch.project)):

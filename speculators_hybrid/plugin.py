@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 
+from speculators_hybrid.model_registration import REGISTRAR
 from speculators_hybrid.registry import Patch, Patcher
 from speculators_hybrid.versions import installed
 
@@ -58,6 +59,7 @@ def register() -> None:
     if version is None:
         return
     selected = PATCHER.apply(vllm_patches())
+    REGISTRAR.apply(selected)  # the selected `Registration`s: architectures vLLM lacks
     logger.info(
         "speculators-hybrid: pid=%d role=%s vllm=%s patches=%s",
         os.getpid(),

@@ -11,6 +11,7 @@ from speculators_hybrid.vllm_patches import (
     hma_config,
     prefix_caching,
     provenance,
+    text_only,
 )
 
 PATCHES: tuple[Patch, ...] = (
@@ -22,4 +23,5 @@ PATCHES: tuple[Patch, ...] = (
     hidden_read.PATCH,
     hidden_read.PAD_PATCH,
     provenance.PATCH,
+    text_only.PATCH,  # registers architectures (model_registration), wraps nothing
 )

@@ -8,18 +8,31 @@ from speculators_hybrid.cli import main
 from speculators_hybrid.registry import base_version
 
 PROVENANCE = "hidden-states-provenance"  # upstream's connector writes from 0.22
+TEXT_ONLY = "qwen3_5-text-only-models"  # vLLM registers the classes from 0.27
 
 # vLLM release -> the patches it needs (the table README.md shows).
 NEEDED = {
-    "0.20.1": {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
-    "0.21.0": {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"},
+    "0.20.1": {
+        TEXT_ONLY,
+        "keep-hma-for-extraction",
+        "hidden-states-own-group",
+        "hidden-states-write-slots",
+    },
+    "0.21.0": {
+        TEXT_ONLY,
+        "keep-hma-for-extraction",
+        "hidden-states-own-group",
+        "hidden-states-write-slots",
+    },
     "0.22.1": {
+        TEXT_ONLY,
         PROVENANCE,
         "hidden-states-pad-slots",
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
     },
     "0.24.0": {
+        TEXT_ONLY,
         PROVENANCE,
         "hidden-states-pad-slots",
         "hidden-states-read-slots",
@@ -27,6 +40,7 @@ NEEDED = {
         "no-prefix-caching-for-hybrid-extraction",
     },
     "0.25.0": {
+        TEXT_ONLY,
         PROVENANCE,
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
