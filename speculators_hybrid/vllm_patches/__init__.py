@@ -9,6 +9,7 @@ from speculators_hybrid.vllm_patches import (
     hidden_read,
     hidden_write,
     hma_config,
+    own_page,
     prefix_caching,
     provenance,
     text_only,
@@ -24,4 +25,5 @@ PATCHES: tuple[Patch, ...] = (
     hidden_read.PAD_PATCH,
     provenance.PATCH,
     text_only.PATCH,  # registers architectures (model_registration), wraps nothing
+    own_page.PATCH,  # after the patches it wraps on top of (get_kv_cache_groups); keep last
 )

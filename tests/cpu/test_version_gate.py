@@ -9,6 +9,7 @@ from speculators_hybrid.registry import base_version
 
 PROVENANCE = "hidden-states-provenance"  # upstream's connector writes from 0.22
 TEXT_ONLY = "qwen3_5-text-only-models"  # vLLM registers the classes from 0.27
+OWN_PAGE = "hidden-states-own-page-size"  # every release so far
 
 # vLLM release -> the patches it needs (the table README.md shows).
 NEEDED = {
@@ -17,12 +18,14 @@ NEEDED = {
         "keep-hma-for-extraction",
         "hidden-states-own-group",
         "hidden-states-write-slots",
+        OWN_PAGE,
     },
     "0.21.0": {
         TEXT_ONLY,
         "keep-hma-for-extraction",
         "hidden-states-own-group",
         "hidden-states-write-slots",
+        OWN_PAGE,
     },
     "0.22.1": {
         TEXT_ONLY,
@@ -30,6 +33,7 @@ NEEDED = {
         "hidden-states-pad-slots",
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
+        OWN_PAGE,
     },
     "0.24.0": {
         TEXT_ONLY,
@@ -38,22 +42,26 @@ NEEDED = {
         "hidden-states-read-slots",
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
+        OWN_PAGE,
     },
     "0.25.0": {
         TEXT_ONLY,
         PROVENANCE,
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
+        OWN_PAGE,
     },
     "0.29.0": {
         PROVENANCE,
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
+        OWN_PAGE,
     },
     "0.33.0": {
         PROVENANCE,
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
+        OWN_PAGE,
     },
 }
 
