@@ -96,7 +96,7 @@ def engine_main(spec_path: str) -> None:
         enable_prefix_caching=spec["prefix_caching"],
         kv_cache_memory_bytes=2 * 1024**3,
         max_num_seqs=8,
-        enforce_eager=True,
+        enforce_eager=spec.get("enforce_eager", True),
         max_num_batched_tokens=512,
         max_model_len=4096,
         gpu_memory_utilization=0.3,
@@ -200,13 +200,17 @@ def _model(folder: str) -> Any:
     if hf.reference_device() == "cuda":  # fla/causal_conv1d installed: keep float32 exact-ish
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+    if json.loads((Path(folder) / "config.json").read_text())["model_type"] == "qwen3":
+        from transformers import AutoModelForCausalLM  # the dense control (layer-0 case)
+
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return hf.load_model(folder, hf.reference_device())
 
 
 @lru_cache(maxsize=64)
-def reference(folder: str, prompt: tuple[int, ...]) -> Any:
+def reference(folder: str, prompt: tuple[int, ...], ids: tuple[int, ...] = tuple(IDS)) -> Any:
     """HF float32 reference (device: `hf.reference_device`), cached across cases."""
-    return hf.reference_hidden_states(_model(folder), list(prompt), IDS)
+    return hf.reference_hidden_states(_model(folder), list(prompt), list(ids))
 
 
 def write_report(case: str, entry: dict[str, Any]) -> None:
@@ -226,13 +230,16 @@ def check_case(
     prefix_caching: bool,
     language_model_only: bool,
     batches: list[list[list[int]]],
+    ids: list[int] = IDS,
+    enforce_eager: bool = True,
 ) -> None:
     spec = dict(
         model=str(folder),
-        ids=IDS,
+        ids=ids,
         prefix_caching=prefix_caching,
         language_model_only=language_model_only,
         batches=batches,
+        enforce_eager=enforce_eager,
     )
     data = run_engine(spec, workdir, case)
     rows: list[dict[str, Any]] = []
@@ -250,7 +257,7 @@ def check_case(
                 continue
             try:
                 row["min_cos"] = hf.check_file(
-                    out["path"], prompt, IDS, reference(str(folder), tuple(prompt))
+                    out["path"], prompt, ids, reference(str(folder), tuple(prompt), tuple(ids))
                 )
             except AssertionError as e:
                 problems.append(f"{label}: {e}")
@@ -258,11 +265,11 @@ def check_case(
             low = {i: c for i, c in row["min_cos"].items() if c < MIN_COSINE}
             if low:
                 problems.append(f"{label}: min cosine below {MIN_COSINE}: {low}")
-    per_id = {i: min((r["min_cos"][i] for r in rows if "min_cos" in r), default=None) for i in IDS}
+    per_id = {i: min((r["min_cos"][i] for r in rows if "min_cos" in r), default=None) for i in ids}
     entry = {
         "vllm": data["vllm"],
         "reference_device": hf.reference_device(),
-        "ids": IDS,
+        "ids": ids,
         "min_cos_per_id": per_id,
         "prompts": rows,
         "plugin_lines": data["plugin_lines"],
@@ -309,6 +316,51 @@ def test_hidden_states_match_hf_text_only(
     root = tmp_path_factory.mktemp("qwen3_5_text")
     folder = hf.build_tiny_model(root / "model", multimodal=False)
     check_case("qwen3_5-text-prefix-off", folder, tmp_path, False, False, prompt_batches()[:1])
+
+
+def build_qwen3_control(folder: Path) -> Path:
+    """A tiny random dense Qwen3 (8 layers): vLLM's RMSNorm adds the residual in place there."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=0,
+        pad_token_id=0,
+        bos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config).eval().to(torch.bfloat16)
+    model.config.dtype = torch.bfloat16
+    model.save_pretrained(folder, safe_serialization=True)
+    hf.write_tokenizer(folder, config.vocab_size)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("name", "eager"),
+    [("qwen3_5-multimodal", True), ("qwen3-control", True), ("qwen3-control", False)],
+    ids=["qwen3_5-eager", "qwen3-eager", "qwen3-compiled"],
+)
+def test_layer_zero_is_the_embeddings(
+    multimodal_model: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, name, eager
+) -> None:
+    """Id 0 = HF's hidden_states[0] (the embeddings); it came back equal to id n (issue 3)."""
+    if name == "qwen3-control":
+        folder = build_qwen3_control(tmp_path_factory.mktemp("qwen3_control") / "model")
+    else:
+        folder = multimodal_model
+    case = f"{name}-layer0-{'eager' if eager else 'compiled'}"
+    mm = name != "qwen3-control"
+    batches = prompt_batches()[:1]
+    check_case(case, folder, tmp_path, False, mm, batches, [0, 4, 8], eager)
 
 
 if __name__ == "__main__":
