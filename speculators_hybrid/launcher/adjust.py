@@ -13,6 +13,8 @@ from packaging.version import InvalidVersion, Version
 from speculators_hybrid.launcher import LaunchError
 from speculators_hybrid.launcher.command import Command
 from speculators_hybrid.launcher.target import Target
+from speculators_hybrid.vllm_patches.extraction_input import id_problems as id_problems
+from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error
 
 PLUGIN = "speculators_hybrid"
 NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill"
@@ -26,31 +28,11 @@ NO_AUX_STATES = ("granitemoehybrid", "falcon_h1", "jamba", "bamba", "zamba2", "l
 Log = Callable[[str], None]
 
 
-def id_problems(ids: Sequence[Any], n: int) -> list[str]:
-    problems = []
-    dups = sorted({i for i in ids if list(ids).count(i) > 1}, key=str)
-    if dups:
-        problems.append(f"duplicated {dups}")
-    bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i <= n]
-    if bad:
-        problems.append(f"outside [0, {n}]: {bad}")
-    return problems
-
-
 def check_layer_ids(ids: Sequence[Any], target: Target) -> None:
-    n = target.num_layers
-    problems = id_problems(ids, n)
-    if not problems:
-        return
-    source = ", from text_config" if "text_config" in target.config else ""
-    default = " (speculators' default [2, n//2, n-3, n] is not, for this n)"
-    hint = " ".join(str(i) for i in sorted({1, n // 2, n - 1})) if n >= 2 else "IDS"
-    raise LaunchError(
-        f"layer ids {list(ids)} do not fit {target.model} (n = {n} decoder layers{source}): "
-        f"{'; '.join(problems)}. Ids must be distinct and within [0, {n}]"
-        f"{default if list(ids) == [2, n // 2, n - 3, n] else ''}. Pass distinct ids, e.g. "
-        f"--target-layer-ids {hint} (n is appended unless --no-include-last-layer)."
-    )
+    """The same check and message as the vLLM-side patch (vllm_patches/extraction_input.py)."""
+    message = layer_ids_error(ids, target.num_layers, target.model, "text_config" in target.config)
+    if message is not None:
+        raise LaunchError(message)
 
 
 def _plugins_env(env: dict[str, str], log: Log) -> dict[str, str] | None:
@@ -165,9 +147,8 @@ def for_target(
     if target.hybrid:
         return for_hybrid(cmd, target, user_args, vllm, log)
     try:
-        problems = id_problems(cmd.layer_ids(), target.num_layers)
+        ids, _ = cmd.layer_ids(), target.num_layers
     except LaunchError:
-        problems = []
-    if problems:
-        log(f"warning: layer ids {'; '.join(problems)} (not a hybrid target: command unchanged)")
+        return cmd  # nothing we can read: the stock command, as it is
+    check_layer_ids(ids, target)  # vLLM with our plugin refuses bad ids on any target
     return cmd

@@ -5,10 +5,12 @@ from __future__ import annotations
 from speculators_hybrid.registry import Patch
 from speculators_hybrid.vllm_patches import (
     engine_block,
+    extraction_input,
     hidden_group,
     hidden_read,
     hidden_write,
     hma_config,
+    layer_zero,
     own_page,
     prefix_caching,
     provenance,
@@ -24,6 +26,8 @@ PATCHES: tuple[Patch, ...] = (
     hidden_read.PATCH,
     hidden_read.PAD_PATCH,
     provenance.PATCH,
+    extraction_input.PATCH,
+    layer_zero.PATCH,
     text_only.PATCH,  # registers architectures (model_registration), wraps nothing
     own_page.PATCH,  # after the patches it wraps on top of (get_kv_cache_groups); keep last
 )

@@ -64,6 +64,10 @@ NEEDED = {
         OWN_PAGE,
     },
 }
+# Needed on every release in the table (no upstream fix yet).
+EVERY_RELEASE = {"check-extraction-input", "layer-zero-is-embeddings"}
+for _needed in NEEDED.values():
+    _needed |= EVERY_RELEASE
 
 
 def test_installed_vllm_selects_exactly_its_patches():

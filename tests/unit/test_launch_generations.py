@@ -15,6 +15,7 @@ from launch_support import FORCES_NO_CHUNKED, GENERATIONS, models  # noqa: E402
 
 from speculators_hybrid import launch  # noqa: E402
 from speculators_hybrid.launcher import intercept  # noqa: E402
+from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error  # noqa: E402
 
 SOURCES = ["builtin", *GENERATIONS]  # the built-in launcher behaves as main's
 
@@ -137,6 +138,19 @@ def test_ids_out_of_range_are_an_error(source, targets, capsys):
     args = [str(targets["hybrid-text"]), "--target-layer-ids", "3", "9"]
     assert launch.main(with_launcher(source, [*args, "--dry-run"])) == 2
     assert "outside [0, 8]: [9]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("name", ["hybrid-text", "plain"])
+def test_bad_ids_stop_before_exec_with_the_vllm_side_message(source, name, targets, capsys):
+    args = [str(targets[name]), "--target-layer-ids", "3", "3", "9", "--dry-run"]
+    assert launch.main(with_launcher(source, args)) == 2
+    captured = capsys.readouterr()
+    assert "Running command:" not in captured.out
+    # The message vLLM itself gives with our plugin (vllm_patches/extraction_input.py).
+    message = layer_ids_error([3, 3, 9, 8], 8, str(targets[name]), False)
+    assert captured.err.strip() == f"{launch.PROG}: error: {message}"
+    assert "duplicated [3]; outside [0, 8]: [9]" in captured.err
 
 
 @pytest.mark.parametrize("source", SOURCES)
