@@ -1,7 +1,8 @@
 """qwen3_5-text-only-models: text-only Qwen3.5 checkpoints with vLLM's own config and planning code.
 
 On vLLM < 0.27 the architectures come from our registration; from 0.27 vLLM registers them
-itself and the registration retires (same assertions, vLLM's own classes).
+itself and the registration retires (same assertions, vLLM's own classes). Against a vLLM source
+patched by patches/vllm (SPECULATORS_HYBRID_PATCHED_VLLM=1) the classes are vLLM's too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from conftest import MEMORY, NO_CHUNKED_PREFILL, PATCHER, vllm_patches
+from conftest import MEMORY, NO_CHUNKED_PREFILL, PATCHED_VLLM, PATCHER, needs, vllm_patches
 
 from speculators_hybrid import launch, planning
 from speculators_hybrid.model_registration import REGISTRAR, upstream_has
@@ -23,6 +24,9 @@ from speculators_hybrid.vllm_patches import text_only
 IDS = (2, 4, 5, 8)  # speculators' default for n = 8: [2, n//2, n-3, n]
 HIDDEN = "cache_only_layers.8"
 NEEDED = text_only.PATCH in PATCHER.select(vllm_patches())
+OURS = NEEDED and not PATCHED_VLLM  # the classes are ours, not vLLM's own
+# Tests that need the fix: everywhere, except a patched vLLM source without its diff.
+fixed = needs(text_only.PATCH.id) if NEEDED else pytest.mark.usefixtures()
 
 
 def moe_config() -> dict:
@@ -84,6 +88,7 @@ def unregistered() -> Iterator[None]:
     REGISTRAR.apply(PATCHER.select(vllm_patches()))
 
 
+@pytest.mark.shim_only
 def test_registered_by_us_only_where_vllm_lacks_it():
     import vllm.model_executor.models.config  # noqa: F401  (the config hook is added on import)
     from vllm.model_executor.models import ModelRegistry
@@ -102,6 +107,7 @@ def test_registered_by_us_only_where_vllm_lacks_it():
 
 
 @pytest.mark.skipif(not NEEDED, reason="vLLM registers the text-only classes itself")
+@pytest.mark.shim_only
 def test_without_registration_vllm_builds_the_multimodal_model(unregistered):
     from vllm.multimodal import MULTIMODAL_REGISTRY
 
@@ -121,6 +127,7 @@ def test_without_registration_vllm_builds_the_multimodal_model(unregistered):
         MULTIMODAL_REGISTRY.create_processor(config.model_config, tokenizer=object())
 
 
+@fixed
 @pytest.mark.parametrize("kind", ["text", "moe"])
 @pytest.mark.parametrize("language_model_only", [False, True], ids=["plain", "lm-only"])
 def test_engine_config_resolves_the_text_only_class(shim, kind, language_model_only):
@@ -137,7 +144,7 @@ def test_engine_config_resolves_the_text_only_class(shim, kind, language_model_o
     arch = "Qwen3_5ForCausalLM" if kind == "text" else "Qwen3_5MoeForCausalLM"
     assert config.model_config.architecture == arch
     expected = {"text": "Qwen3_5TextForCausalLM", "moe": "Qwen3_5MoeTextForCausalLM"}[kind]
-    assert cls.__name__ == (expected if NEEDED else arch)
+    assert cls.__name__ == (expected if OURS else arch)
     assert issubclass(cls, getattr(qwen3_5, arch))
     assert is_hybrid(cls) and config.model_config.is_hybrid
     assert supports_eagle3(cls)
@@ -148,15 +155,15 @@ def test_engine_config_resolves_the_text_only_class(shim, kind, language_model_o
     assert config.speculative_config.method == "extract_hidden_states"
 
 
+@pytest.mark.skipif(not OURS, reason="vLLM's own class")
 def test_mrope_positions_are_the_token_positions():
-    if not NEEDED:
-        pytest.skip("vLLM's own class")
     cls = text_only.Qwen3_5TextForCausalLM
     positions, delta = cls.get_mrope_input_positions(None, list(range(100, 107)), [])
     assert positions.shape == (3, 7) and delta == 0
     assert all(row.tolist() == list(range(7)) for row in positions)
 
 
+@fixed
 def test_gdn_state_and_config_hook_match_the_multimodal_class(shim):
     config = engine_config("ssm-fp32")
     # The checkpoint's mamba_ssm_dtype reaches the cache config, as for the multimodal layout.
@@ -179,10 +186,11 @@ def test_gdn_state_and_config_hook_match_the_multimodal_class(shim):
         "model.layers.0.linear_attn.in_proj_qkv.weight",
     ],
 )
+@fixed
 def test_checkpoint_weight_names_map_to_the_text_model(name):
     from vllm.model_executor.models import qwen3_5
 
-    if NEEDED:
+    if OURS:
         cls = text_only.Qwen3_5TextForCausalLM
     elif not hasattr(qwen3_5.Qwen3_5ForCausalLM, "hf_to_vllm_mapper"):
         pytest.skip("vLLM 0.27.x: no model.language_model. mapping (added in 0.28.0)")
@@ -212,10 +220,12 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     ps.destroy_distributed_environment()
 
 
+@pytest.mark.skipif(not OURS, reason="vLLM's own class and loader")
 @pytest.mark.parametrize("prefix", ["model.", "model.language_model."])
 def test_model_loads_a_transformers_checkpoint(shim, one_rank, prefix):
-    """vLLM builds the class on the CPU and loads every parameter from what transformers'
-    `Qwen3_5ForCausalLM` saves (and from the `model.language_model.` layout); `mtp.` skipped."""
+    """vLLM builds our class on the CPU and its loader takes every parameter from what
+    transformers' `Qwen3_5ForCausalLM` saves, also in the `model.language_model.` layout some
+    text-only exports keep; `mtp.` weights are skipped."""
     import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
     from vllm.config import set_current_vllm_config
@@ -245,6 +255,7 @@ def kv_groups(config) -> list[tuple]:
     ] + [kv.num_blocks]
 
 
+@fixed
 @pytest.mark.parametrize("kind", ["text", "moe"])
 def test_kv_plan_has_the_hidden_state_group(shim, kind):
     groups = kv_groups(engine_config(kind))
@@ -257,6 +268,7 @@ def test_kv_plan_has_the_hidden_state_group(shim, kind):
         assert groups == kv_groups(engine_config("multimodal", True))
 
 
+@fixed
 def test_launch_dry_run_command_is_accepted_by_vllm(shim, capsys):
     from vllm.engine.arg_utils import EngineArgs
 
@@ -273,7 +285,7 @@ def test_launch_dry_run_command_is_accepted_by_vllm(shim, capsys):
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
     args = parser.parse_args(["--model", model, "--max-model-len", "4096", *rest])
     config = EngineArgs.from_cli_args(args).create_engine_config()
-    if config.cache_config.kv_cache_layout is None:  # 0.29+: the engine core resolves it
+    if getattr(config.cache_config, "kv_cache_layout", "") is None:  # 0.29+: engine core sets it
         config.cache_config.kv_cache_layout = "NHD"
     assert config.model_config.architecture == "Qwen3_5ForCausalLM"
     assert config.model_config.is_hybrid and not config.model_config.is_multimodal_model
