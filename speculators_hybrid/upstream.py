@@ -61,7 +61,7 @@ def header(text: str) -> str:
 
 def touched(text: str) -> set[str]:
     """Paths of the existing files a diff changes (new files need no source)."""
-    return {m for m in re.findall(r"^--- a/(\S+)$", text, re.MULTILINE)}
+    return set(re.findall(r"^--- a/(\S+)$", text, re.MULTILINE))
 
 
 def _git(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -201,7 +201,9 @@ def patched_copy(root: Path, project: str, version: str, package: Path, dest: Pa
             shutil.copyfile(package.parent / name, path)
     _git(["init", "-q"], dest)
     for diff in found:
-        _git(["apply", "-p1", str(diff)], dest)
+        applied = _git(["apply", "-p1", str(diff)], dest, check=False)
+        if applied.returncode:
+            raise RuntimeError(f"{diff} does not apply to {package}: {applied.stderr.strip()}")
     return mirror
 
 

