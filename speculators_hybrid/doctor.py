@@ -5,7 +5,10 @@ from a config directory alone. `--json` output is described in docs/doctor.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
 import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -213,6 +216,8 @@ def run(
 ) -> int:
     from speculators_hybrid import cpu
 
+    if as_json:  # stdout is for the JSON alone: vLLM logs to stdout by default
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     cpu.prepare()
     from vllm.plugins import load_general_plugins
 
@@ -221,7 +226,8 @@ def run(
         from speculators_hybrid.models import write_config
 
         model = str(write_config(tempfile.mkdtemp(prefix="spec-hybrid-demo-"), "qwen3.6-27b-like"))
-    out = report(model, ids, tp, max_model_len, memory_gib, prefix_caching)
+    with contextlib.redirect_stdout(sys.stderr if as_json else sys.stdout):
+        out = report(model, ids, tp, max_model_len, memory_gib, prefix_caching)
     print(json.dumps(out, indent=2) if as_json else render(out))
     return 0 if out["plans"][-1]["ok"] else 1
 

@@ -11,7 +11,9 @@ from speculators_hybrid.cli import main
 
 def test_doctor_json_shows_the_memory_target_met(shim, capsys):
     assert main(["doctor", model_dir("qwen3.6-27b-like"), "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    text = capsys.readouterr().out
+    # vLLM's logger in this process was set up before the CLI ran; the JSON is the last block.
+    out = json.loads(text[text.rindex("\n{\n") + 1 :] if not text.startswith("{") else text)
     assert out["schema"] == 1
     assert out["setup"]["layer_ids"] == list(IDS)  # speculators' default for n = 64
     assert [p["name"] for p in out["plans"]] == ["no-extraction", "stock", "shim"]
@@ -25,8 +27,8 @@ def test_doctor_json_shows_the_memory_target_met(shim, capsys):
     assert out["ratio_to_target"]["shim"] <= 1.05
     if stock["ok"]:  # vLLM >= 0.22 starts, billing the hidden group at the widest group's width
         assert out["ratio_to_target"]["stock"] > 5
-    else:  # older releases fail at start-up, as reported
-        assert "unified type" in stock["error"]
+    else:  # < 0.22 cannot plan it; 0.33 refuses it for memory (416 GiB needed, 6.7x target)
+        assert "unified type" in stock["error"] or "KV cache is needed" in stock["error"]
     kinds = {g["kind"]: g for g in ours["groups"]}
     assert all(g["layers"] == 1 for g in ours["groups"])
     assert kinds["MambaSpec"]["count"] == 48 and kinds["FullAttentionSpec"]["count"] == 16
