@@ -128,6 +128,7 @@ def mode_env(mode: str, plugins: list[str], tree: Path = ROOT, cpu: bool = False
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, env.get("PYTHONPATH")]))
     env.pop("SPECULATORS_HYBRID_DISABLE", None)
     env.pop("VLLM_PLUGINS", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: modules load from cached bytecode
     if mode == "disabled":
         env["SPECULATORS_HYBRID_DISABLE"] = "1"
     elif mode == "excluded":
