@@ -5,8 +5,8 @@
 #   bash benchmarks/device.sh upstream   # SPECULATORS_HYBRID_DISABLE=1: vLLM as released (0.25.0)
 # More arguments go to benchmarks/extraction.py (e.g. --models hybrid, --cuda-graphs off).
 # Back in $OUT/bench: one JSON per engine, table.md, logs.tgz (the engines' full logs); <= 8 files.
-# Expected: 5-8 min on an H200 (4 engine starts with torch.compile + CUDA graphs dominate; the
-# timed passes take seconds); the models are built once per warm machine (~1 min).
+# Time on an H200 (vLLM 0.20.1): ~6 min for the 4 engines (their start-up dominates) plus ~1 min
+# to build the models once per warm machine.
 set -uo pipefail
 case "${1:-plugin}" in
   plugin) flag=on ;;
