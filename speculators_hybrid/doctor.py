@@ -75,7 +75,7 @@ def _groups(kv: Any) -> list[Groups]:
     return [Groups(k, n, layers, b, p, r) for (k, layers, b, p, r), n in shapes.items()]
 
 
-def per_token(config: Any, specs: dict[str, Any]) -> PerToken:
+def per_token(specs: dict[str, Any]) -> PerToken:
     from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
 
     from speculators_hybrid.vllm_patches.own_page import is_hidden
@@ -197,8 +197,8 @@ def report(
         "no-extraction", planning.Setup(**{**asdict(setup), "layer_ids": None}), memory
     )
     plans["stock"], _, _ = plan_once("stock", setup, memory)
-    plans["shim"], config, specs = plan_once("shim", setup, memory)
-    bytes_ = per_token(config, specs) if specs else PerToken()
+    plans["shim"], _, specs = plan_once("shim", setup, memory)
+    bytes_ = per_token(specs) if specs else PerToken()
     base = plans["no-extraction"].request_bytes
     target = base + bytes_.hidden_bytes_per_token * max_model_len
     return {
