@@ -3,6 +3,11 @@
 vLLM calls `register()` once per process (API server, engine core, each worker) through the
 `vllm.general_plugins` entry point; `VLLM_PLUGINS` (vLLM's allow-list) applies as usual.
 `SPECULATORS_HYBRID_DISABLE=1` turns it off.
+
+Every vLLM process pays for importing this module, so it imports little: the patch framework
+(wrapt, `registry`, `model_registration`, the patch modules) is imported by `register()` once
+it knows patches may apply (not disabled, vLLM installed), or by the first use of `PATCHER` or
+`Patcher` from here. `benchmarks/import_cost.py` measures what is left.
 """
 
 from __future__ import annotations
@@ -10,14 +15,39 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+from typing import TYPE_CHECKING, Any
 
-from speculators_hybrid.model_registration import REGISTRAR
-from speculators_hybrid.registry import Patch, Patcher
 from speculators_hybrid.versions import installed
+
+if TYPE_CHECKING:
+    from speculators_hybrid.registry import Patch, Patcher
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
-PATCHER = Patcher(version_of=installed)
+PATCHER: Patcher  # the process-wide patcher, made on first use (tests may replace it)
+_MAKING = threading.Lock()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PATCHER":
+        return patcher()
+    if name == "Patcher":
+        from speculators_hybrid.registry import Patcher
+
+        return Patcher
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def patcher() -> Patcher:
+    """`PATCHER`: the one set here, else a new one (importing the patch framework)."""
+    with _MAKING:
+        if "PATCHER" not in globals():
+            from speculators_hybrid.registry import Patcher
+
+            globals()["PATCHER"] = Patcher(version_of=installed)
+        return globals()["PATCHER"]
+
 
 _ROLES = (
     ("init_worker", "worker"),
@@ -58,7 +88,9 @@ def register() -> None:
     version = installed("vllm")
     if version is None:
         return
-    selected = PATCHER.apply(vllm_patches())
+    from speculators_hybrid.model_registration import REGISTRAR
+
+    selected = patcher().apply(vllm_patches())
     REGISTRAR.apply(selected)  # the selected `Registration`s: architectures vLLM lacks
     logger.info(
         "speculators-hybrid: pid=%d role=%s vllm=%s patches=%s",
