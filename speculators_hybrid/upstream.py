@@ -38,7 +38,7 @@ ROOT = next(
     Path("patches"),
 )
 SECTIONS = ("Problem:", "Evidence:", "Fix:", "Upstream:", "Tests:")
-SUBJECT = re.compile(r"^\d{4}-[a-z0-9][a-z0-9-]*$")
+SUBJECT = re.compile(r"^\d{4}-[a-z0-9][a-z0-9_-]*$")  # patch ids may hold "_" (qwen3_5-...)
 _IDENTITY = ["-c", "user.name=speculators-hybrid", "-c", "user.email=speculators-hybrid@localhost"]
 
 
