@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import NO_CHUNKED_PREFILL, PATCHER, model_dir, needs
+from conftest import NO_CHUNKED_PREFILL, PATCHED_VLLM, PATCHER, model_dir, needs
 from packaging.version import Version
 
 from speculators_hybrid import planning
@@ -17,6 +17,8 @@ from speculators_hybrid.registry import base_version
 pytestmark = needs("check-extraction-input")
 
 VLLM = str(base_version(PATCHER.version_of("vllm") or ""))
+# The runtime form says who refused; vLLM's own source (patches/vllm) does not.
+PREFIX = "" if PATCHED_VLLM else "speculators-hybrid: "
 # Small non-Qwen3.5 targets, as config.json alone (no weights are read on this path).
 GPT2 = {
     "architectures": ["GPT2LMHeadModel"],
@@ -96,7 +98,7 @@ def refused(model: str, ids: tuple) -> str:
 
 def test_speculators_default_for_4_layers_is_refused_with_advice(shim, models):
     message = refused(models["qwen3_5-4"], (2, 2, 1, 4))
-    assert "speculators-hybrid: layer ids [2, 2, 1, 4] do not fit" in message
+    assert f"{PREFIX}layer ids [2, 2, 1, 4] do not fit" in message
     assert "(n = 4 decoder layers, from text_config): duplicated [2]." in message
     assert "These are speculators' default [2, n//2, n-3, n], which do not fit n = 4" in message
     assert "--target-layer-ids 1 2 3 4" in message
@@ -142,7 +144,7 @@ def test_distinct_ids_within_0_to_n_pass(shim, preset, ids):
 
 def test_a_model_class_without_eagle3_is_refused_with_class_and_version(shim, models):
     message = refused(models["gpt2"], (1, 2))
-    assert "speculators-hybrid: hidden-state extraction needs EAGLE-3 auxiliary" in message
+    assert f"{PREFIX}hidden-state extraction needs EAGLE-3 auxiliary" in message
     assert f"vLLM {PATCHER.version_of('vllm')}'s model class GPT2LMHeadModel" in message
     assert "does not implement vLLM's SupportsEagle3" in message
 

@@ -53,7 +53,6 @@ def _outcomes(report: Path) -> dict[str, set[str]]:
 NO_DIFF = {
     "hidden-states-provenance": "speculators-hybrid's own file label; no upstream form yet",
     "qwen3_5-text-only-models": "not written yet (a backport of vLLM PR 50210, 0.27.0)",
-    "check-extraction-input": "not written yet (SpeculativeConfig checks ids and the class)",
 }
 
 
