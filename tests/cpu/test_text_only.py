@@ -155,9 +155,12 @@ def test_engine_config_resolves_the_text_only_class(shim, kind, language_model_o
     assert config.speculative_config.method == "extract_hidden_states"
 
 
-@pytest.mark.skipif(not OURS, reason="vLLM's own class")
+@pytest.mark.skipif(not NEEDED, reason="vLLM's own class")
+@fixed
 def test_mrope_positions_are_the_token_positions():
-    cls = text_only.Qwen3_5TextForCausalLM
+    from vllm.model_executor.models import qwen3_5
+
+    cls = text_only.Qwen3_5TextForCausalLM if OURS else qwen3_5.Qwen3_5ForCausalLM
     positions, delta = cls.get_mrope_input_positions(None, list(range(100, 107)), [])
     assert positions.shape == (3, 7) and delta == 0
     assert all(row.tolist() == list(range(7)) for row in positions)
@@ -220,12 +223,13 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     ps.destroy_distributed_environment()
 
 
-@pytest.mark.skipif(not OURS, reason="vLLM's own class and loader")
+@pytest.mark.skipif(not NEEDED, reason="vLLM's own class and loader")
+@fixed
 @pytest.mark.parametrize("prefix", ["model.", "model.language_model."])
 def test_model_loads_a_transformers_checkpoint(shim, one_rank, prefix):
-    """vLLM builds our class on the CPU and its loader takes every parameter from what
-    transformers' `Qwen3_5ForCausalLM` saves, also in the `model.language_model.` layout some
-    text-only exports keep; `mtp.` weights are skipped."""
+    """vLLM builds our class (or, patched, its own) on the CPU and its loader takes every
+    parameter from what transformers' `Qwen3_5ForCausalLM` saves, also in the
+    `model.language_model.` layout some text-only exports keep; `mtp.` weights are skipped."""
     import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
     from vllm.config import set_current_vllm_config

@@ -36,6 +36,10 @@ MUST_PASS = {
     "test_padding_slots_leave_other_groups_pages_alone": ">=0.22,<0.25",
     "test_with_the_fix_the_rows_are_the_prompts": ">=0.24,<0.25",
     "test_a_long_request_costs_its_own_bytes": "",
+    "test_speculators_default_for_4_layers_is_refused_with_advice": "",
+    "test_a_model_class_without_eagle3_is_refused_with_class_and_version": "",
+    "test_engine_config_resolves_the_text_only_class": "<0.27",
+    "test_model_loads_a_transformers_checkpoint": "<0.27",
 }
 
 
@@ -52,7 +56,6 @@ def _outcomes(report: Path) -> dict[str, set[str]]:
 # Runtime patches with no source diff, and why (patches/README.md says the same).
 NO_DIFF = {
     "hidden-states-provenance": "speculators-hybrid's own file label; no upstream form yet",
-    "qwen3_5-text-only-models": "not written yet (a backport of vLLM PR 50210, 0.27.0)",
 }
 
 
