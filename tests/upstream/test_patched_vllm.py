@@ -55,7 +55,7 @@ def _outcomes(report: Path) -> dict[str, set[str]]:
 
 # Runtime patches with no source diff, and why (patches/README.md says the same).
 NO_DIFF = {
-    "hidden-states-provenance": "speculators-hybrid's own file label; no upstream form yet",
+    "hidden-states-provenance": "shim-only: a vLLM label cannot name the fixes `check` reads",
 }
 
 
