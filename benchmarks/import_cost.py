@@ -69,19 +69,22 @@ def since(start):
 start = clock()
 import speculators_hybrid.plugin as plugin
 imported = since(start)
-from speculators_hybrid.registry import Patcher
 spent = [0.0, 0.0]
-on_import = Patcher._on_import
-def timed(self, module):
-    start = clock()
-    try:
-        return on_import(self, module)
-    finally:
-        took = since(start)
-        spent[0] += took[0]
-        spent[1] += took[1]
-Patcher._on_import = timed
 start = clock()
+if not plugin.disabled():
+    # register() imports the patch framework (or the plugin's import did): import it here,
+    # inside register()'s time, to time the hooks it arms. Disabled, register() imports none.
+    from speculators_hybrid.registry import Patcher
+    on_import = Patcher._on_import
+    def timed(self, module):
+        start = clock()
+        try:
+            return on_import(self, module)
+        finally:
+            took = since(start)
+            spent[0] += took[0]
+            spent[1] += took[1]
+    Patcher._on_import = timed
 plugin.register()
 registered = since(start)
 early = list(spent)  # hooks for targets already imported fire inside register()
