@@ -15,6 +15,8 @@ from speculators_hybrid.launcher.command import Command
 from speculators_hybrid.launcher.target import Target
 from speculators_hybrid.vllm_patches.extraction_input import id_problems as id_problems
 from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error
+from speculators_hybrid.vllm_patches.hidden_read import PATCH as READ_SLOTS
+from speculators_hybrid.vllm_patches.prefix_caching import PATCH as NO_PREFIX_CACHING
 
 PLUGIN = "speculators_hybrid"
 NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill"
@@ -45,7 +47,8 @@ def _plugins_env(env: dict[str, str], log: Log) -> dict[str, str] | None:
     return {**env, "VLLM_PLUGINS": new}
 
 
-def _plugin_checks(log: Log) -> None:
+def _plugin_checks(log: Log) -> bool:
+    """Warn where vLLM will not run our plugin; whether it will."""
     names = {ep.name for ep in metadata.entry_points(group="vllm.general_plugins")}
     if PLUGIN not in names:
         log(
@@ -54,6 +57,8 @@ def _plugin_checks(log: Log) -> None:
         )
     if os.environ.get("SPECULATORS_HYBRID_DISABLE", "").strip().lower() in ("1", "true", "yes"):
         log("warning: SPECULATORS_HYBRID_DISABLE is set: the plugin will patch nothing")
+        return False
+    return PLUGIN in names
 
 
 def _version(text: str | None) -> Version | None:
@@ -63,27 +68,45 @@ def _version(text: str | None) -> Version | None:
         return None
 
 
-def vllm_notes(version: str | None, argv: list[str], target: Target) -> list[str]:
-    """Known problems of the installed vLLM with hybrid extraction (warnings only)."""
+def vllm_notes(version: str | None, argv: list[str], target: Target, plugin: bool) -> list[str]:
+    """Known problems of the installed vLLM with hybrid extraction, and what the plugin (if it
+    will run) does about them; notes only, the command is not changed here."""
     notes = []
     if target.model_type in NO_AUX_STATES:
         notes.append(
-            f"vLLM's {target.model_type} has no EAGLE-3 auxiliary hidden states: "
+            f"warning: vLLM's {target.model_type} has no EAGLE-3 auxiliary hidden states: "
             "extraction will fail at run time"
         )
     v = _version(version)
     if v is None:
-        return notes + ["vLLM not found for this Python (or its version unreadable)"]
+        return notes + ["warning: vLLM not found for this Python (or its version unreadable)"]
     if v < FIRST_LANGUAGE_ONLY:
-        notes.append(f"vLLM {version} is older than 0.20.1, which speculators-hybrid supports")
-    if Version("0.24") <= v < Version("0.25"):
         notes.append(
-            f"vLLM {version}: hybrid targets can get all-zero hidden states with no "
-            "error (speculators issue 613, fixed in 0.25.0); upgrade"
+            f"warning: vLLM {version} is older than 0.20.1, which speculators-hybrid supports"
         )
-    if Version("0.25") <= v < Version("0.26") and "--enable-prefix-caching" in argv:
+    if Version("0.24") <= v < Version("0.25"):
+        if plugin and READ_SLOTS.needed_for(version):
+            notes.append(f"vLLM {version}: the plugin's {READ_SLOTS.id} keeps hidden states right")
+        else:
+            notes.append(
+                f"warning: vLLM {version}: hybrid targets can get all-zero hidden states with no "
+                "error (speculators issue 613, fixed in 0.25.0); upgrade"
+            )
+    if "--enable-prefix-caching" not in argv:
+        return notes
+    if plugin and NO_PREFIX_CACHING.needed_for(version):
         notes.append(
-            f"vLLM {version} is expected to fail at start-up for hybrid extraction "
+            f"vLLM {version}: the plugin turns prefix caching off for hybrid extraction "
+            f"(cache hits gave wrong hidden states; {NO_PREFIX_CACHING.id})"
+        )
+    elif STOCK_REFUSES_CHUNKED[0] <= v < STOCK_REFUSES_CHUNKED[1]:
+        notes.append(
+            f"warning: vLLM {version} cannot extract from a hybrid target with prefix caching: "
+            "mamba 'align' mode needs chunked prefill, the connector refuses it"
+        )
+    elif Version("0.25") <= v < Version("0.26"):
+        notes.append(
+            f"warning: vLLM {version} is expected to fail at start-up for hybrid extraction "
             "with --enable-prefix-caching (block_size vs hash_block_size)"
         )
     return notes
@@ -99,11 +122,6 @@ def chunked_prefill(argv: list[str], user_args: list[str], vllm: str | None, log
             log(
                 f"added {NO_CHUNKED_PREFILL}: vLLM {vllm}'s ExampleHiddenStatesConnector "
                 "refuses chunked prefill"
-            )
-        if "--enable-prefix-caching" in argv:
-            log(
-                f"warning: vLLM {vllm} cannot extract from a hybrid target with prefix caching: "
-                "mamba 'align' mode needs chunked prefill, the connector refuses it"
             )
         return argv
     if NO_CHUNKED_PREFILL in argv and NO_CHUNKED_PREFILL not in user_args:
@@ -134,9 +152,8 @@ def for_hybrid(
                 f"multimodal checkpoint: added {LANGUAGE_ONLY}, the vision tower is not built; "
                 f"layer ids come from text_config (n = {target.num_layers})"
             )
-    for note in vllm_notes(vllm, argv, target):
-        log(f"warning: {note}")
-    _plugin_checks(log)
+    for note in vllm_notes(vllm, argv, target, _plugin_checks(log)):
+        log(note)
     env = _plugins_env(dict(cmd.env if cmd.env is not None else os.environ), log)
     return replace(cmd, argv=argv, env=env if env is not None else cmd.env)
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launchers"))
 from launch_support import FORCES_NO_CHUNKED, GENERATIONS, models  # noqa: E402
 
 from speculators_hybrid import launch  # noqa: E402
-from speculators_hybrid.launcher import intercept  # noqa: E402
+from speculators_hybrid.launcher import adjust, intercept  # noqa: E402
 from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error  # noqa: E402
 
 SOURCES = ["builtin", *GENERATIONS]  # the built-in launcher behaves as main's
@@ -222,18 +222,37 @@ def test_vllm_before_020_gets_no_language_model_only(targets, monkeypatch, capsy
     assert "vLLM 0.19.1 lacks it" in err and "older than 0.20.1" in err
 
 
-@pytest.mark.parametrize(
-    ("version", "args", "warning"),
-    [
-        ("0.24.0", [], "all-zero hidden states"),
-        ("0.25.0", ["--enable-prefix-caching"], "hash_block_size"),
-        ("0.22.1", ["--enable-prefix-caching"], "cannot extract from a hybrid target"),
-    ],
-)
-def test_known_vllm_problems_are_warned_about(version, args, warning, targets, monkeypatch, capsys):
+KNOWN_PROBLEMS = [  # (vLLM, vLLM args, the warning without the plugin, the note with it)
+    ("0.24.0", [], "all-zero hidden states", "hidden-states-read-slots keeps"),
+    ("0.25.0", ["--enable-prefix-caching"], "hash_block_size", "turns prefix caching off"),
+    (
+        "0.22.1",
+        ["--enable-prefix-caching"],
+        "cannot extract from a hybrid",
+        "turns prefix caching off",
+    ),
+]
+
+
+@pytest.mark.parametrize(("version", "args", "warning", "_"), KNOWN_PROBLEMS)
+def test_known_vllm_problems_are_warned_about(
+    version, args, warning, _, targets, monkeypatch, capsys
+):
     vllm(version, monkeypatch)
+    monkeypatch.setenv("SPECULATORS_HYBRID_DISABLE", "1")
     launch.plan([str(targets["hybrid-text"]), "--", *args])
     assert warning in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("version", "args", "warning", "note"), KNOWN_PROBLEMS)
+def test_with_the_plugin_the_note_says_what_it_does(
+    version, args, warning, note, targets, monkeypatch, capsys
+):
+    vllm(version, monkeypatch)
+    monkeypatch.setattr(adjust, "_plugin_checks", lambda log: True)  # installed, not disabled
+    launch.plan([str(targets["hybrid-text"]), "--", *args])
+    err = capsys.readouterr().err
+    assert note in err and warning not in err
 
 
 def test_plain_targets_get_no_warnings(targets, monkeypatch, capsys):
