@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
@@ -36,7 +37,12 @@ logger = logging.getLogger("vllm.speculators_hybrid")
 CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 
 
-def writer_settings() -> tuple[dict[str, str] | None, bool]:
+Settings = tuple[dict[str, str] | None, bool]
+# Per connector, made once: hashing the model config for every file cost writer-thread GIL time.
+_settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
+
+
+def writer_settings() -> Settings:
     """(metadata, guard on) for this worker, from the connector vLLM set up in it."""
     from vllm.distributed.kv_transfer.kv_transfer_state import (
         get_kv_transfer_group,
@@ -46,12 +52,16 @@ def writer_settings() -> tuple[dict[str, str] | None, bool]:
     if not has_kv_transfer_group():
         return None, guard_enabled(lambda key, default: default)
     connector = get_kv_transfer_group()
+    if (known := _settings.get(connector)) is not None:
+        return known
     guard = guard_enabled(connector._kv_transfer_config.get_from_extra_config)
     try:
-        return provenance(connector._vllm_config), guard
+        settings: Settings = (provenance(connector._vllm_config), guard)
     except Exception as exc:  # noqa: BLE001 (never lose the data for its label)
         logger.warning("speculators-hybrid: no provenance for hidden-state files: %r", exc)
-        return None, guard
+        settings = (None, guard)
+    _settings[connector] = settings
+    return settings
 
 
 def _write_with_provenance(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:

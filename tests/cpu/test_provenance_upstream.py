@@ -22,6 +22,7 @@ from upstream_worker import (  # noqa: F401 (cpu_copies: a fixture)
 import speculators_hybrid
 from speculators_hybrid import check, planning
 from speculators_hybrid.versions import installed
+from speculators_hybrid.vllm_patches import provenance as provenance_patch
 
 pytestmark = [needs("hidden-states-provenance"), pytest.mark.usefixtures("cpu_copies")]
 
@@ -70,6 +71,24 @@ def test_file_carries_provenance_and_reads_as_before(shim, tmp_path):
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     report = check.check_file(path)
     assert report.ok and not report.warnings, report
+
+
+def test_provenance_is_made_once_per_connector(shim, tmp_path, monkeypatch):
+    made = []
+
+    def counted(vllm_config):
+        made.append(vllm_config)
+        return real(vllm_config)
+
+    real = provenance_patch.provenance
+    monkeypatch.setattr(provenance_patch, "provenance", counted)
+    config, kv = setup(tmp_path)
+    with extraction(config, kv) as ex:
+        paths = [extract(ex, f"req-{i}", states())["hidden_states_path"] for i in range(3)]
+        for path in paths:
+            load(path)
+    assert len(made) == 1  # not once per file: it hashes the whole model config
+    assert metadata(paths[0]) == metadata(paths[2]) and metadata(paths[0])["layer_ids"]
 
 
 @pytest.mark.parametrize("opt_in", ["extra_config", "env"])
