@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 from conftest import engine_config, needs
+from upstream_worker import runner_views
 
 from speculators_hybrid import planning
 from speculators_hybrid.vllm_patches.connector import read_slots, slots_for
@@ -20,38 +21,6 @@ from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec
 pytestmark = needs("hidden-states-own-group", "hidden-states-write-slots")
 
 IDS = (2, 5, 8)  # 3 ids: the hidden page does not fill the shared page, so it is padded
-
-
-def _caches(config, kv):
-    from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionBackend
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
-    from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
-    from vllm.v1.kv_cache_interface import MambaSpec
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    from vllm.v1.worker.utils import AttentionGroup
-
-    runner = GPUModelRunner.__new__(GPUModelRunner)
-    runner.device = torch.device("cpu")
-    runner.kv_cache_config = kv
-    runner.cache_config = config.cache_config
-    runner.runner_only_attn_layers = set()
-    runner.attn_groups = []
-    for gid, group in enumerate(kv.kv_cache_groups):
-        spec = group.kv_cache_spec
-        backend = (
-            CacheOnlyAttentionBackend
-            if isinstance(spec, HiddenStatesCacheSpec)
-            else GDNAttentionBackend
-            if isinstance(spec, MambaSpec)
-            else FlashAttentionBackend
-        )
-        runner.attn_groups.append([AttentionGroup(backend, group.layer_names, spec, gid)])
-    from vllm.config import set_current_vllm_config
-
-    raw = runner._allocate_kv_cache_tensors(kv)
-    sizes = [g.kv_cache_spec.block_size for g in kv.kv_cache_groups]
-    with set_current_vllm_config(config):
-        return raw, runner._reshape_kv_cache_tensors(raw, sizes)
 
 
 @pytest.fixture
@@ -68,7 +37,7 @@ def test_store_and_read_round_trip_through_the_padded_view(tiny):
     config, kv, hidden = tiny
     spec = hidden.kv_cache_spec
     assert spec.page_size_padded is not None  # the view really is strided
-    raw, caches = _caches(config, kv)
+    raw, caches = runner_views(config, kv)
     name = hidden.layer_names[0]
     view = caches[name]
     assert view.shape[1:] == (spec.block_size, len(IDS), 256)
@@ -99,7 +68,7 @@ def test_store_and_read_round_trip_through_the_padded_view(tiny):
 
 def test_other_groups_layers_sharing_the_memory_keep_their_bytes(tiny):
     config, kv, hidden = tiny
-    raw, caches = _caches(config, kv)
+    raw, caches = runner_views(config, kv)
     name = hidden.layer_names[0]
     sharing = [
         n for t in kv.kv_cache_tensors if name in t.shared_by for n in t.shared_by if n != name
@@ -124,7 +93,7 @@ def test_stock_store_cannot_write_a_padded_view(tiny):
     from speculators_hybrid.plugin import PATCHER
 
     config, kv, hidden = tiny
-    _, caches = _caches(config, kv)
+    _, caches = runner_views(config, kv)
     PATCHER.revert()  # the `shim` fixture re-applies it afterwards
     from vllm.model_executor.models.extract_hidden_states import basic_cache
 

@@ -91,14 +91,29 @@ def without(patch_id: str):
         PATCHER.apply(vllm_patches())
 
 
-def runner_views(config: Any, kv: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Raw tensors and per-layer views, allocated and reshaped by the V1 model runner's own
-    methods (vLLM < 0.29): the hidden layer shares its memory with the other groups' layers
-    as on the GPU. Backends: the hidden layer's own, FlashAttention and GDN for the model's."""
-    from vllm.config import set_current_vllm_config
+def _backend(spec: Any, name: str, layers: dict[str, Any]) -> Any:
+    """The attention backend of a group: its layer's own if the config registered the layer
+    (vLLM >= 0.22 tests), else by spec: the extraction layer's, GDN, or FlashAttention."""
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
     from vllm.v1.kv_cache_interface import MambaSpec
+
+    from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec
+
+    if name in layers:
+        return layers[name].get_attn_backend()
+    if isinstance(spec, HiddenStatesCacheSpec):  # our spec, vLLM < 0.22
+        from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionBackend
+
+        return CacheOnlyAttentionBackend
+    return GDNAttentionBackend if isinstance(spec, MambaSpec) else FlashAttentionBackend
+
+
+def runner_views(config: Any, kv: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Raw tensors and per-layer views, allocated and reshaped by the V1 model runner's own
+    methods (vLLM < 0.29; a runner object given only the attributes those methods read): the
+    hidden layer shares its memory with the other groups' layers as on the GPU."""
+    from vllm.config import set_current_vllm_config
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.utils import AttentionGroup
 
@@ -110,14 +125,8 @@ def runner_views(config: Any, kv: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     runner.runner_only_attn_layers = set()
     runner.attn_groups = []
     for gid, group in enumerate(kv.kv_cache_groups):
-        spec, name = group.kv_cache_spec, group.layer_names[0]
-        backend = (
-            layers[name].get_attn_backend()
-            if name in layers
-            else GDNAttentionBackend
-            if isinstance(spec, MambaSpec)
-            else FlashAttentionBackend
-        )
+        spec = group.kv_cache_spec
+        backend = _backend(spec, group.layer_names[0], layers)
         runner.attn_groups.append([AttentionGroup(backend, group.layer_names, spec, gid)])
     raw = runner._allocate_kv_cache_tensors(kv)
     with set_current_vllm_config(config):
