@@ -60,6 +60,7 @@ KINDS = ("control", "hybrid")
 SIZES = ("wide-8l", "tiny")  # presets whose vocabulary the local tokenizer can cover
 MODES = ("plain", "extract")
 KIND = "extraction-benchmark-run"
+ASYNC_WRITES = "SPECULATORS_HYBRID_ASYNC_WRITES"  # vllm_patches/writer.py: opt-in, vLLM < 0.22
 
 
 def layer_ids(n: int) -> list[int]:
@@ -279,6 +280,7 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
         "speculators_hybrid": our_version(),
         "plugin_flag": args.plugin,
         "SPECULATORS_HYBRID_DISABLE": engine_env(args.plugin).get("SPECULATORS_HYBRID_DISABLE"),
+        ASYNC_WRITES: os.environ.get(ASYNC_WRITES),  # the engines inherit it
         "wall_s": time.perf_counter() - t,
     }
     if run.get("kv_cache_tokens"):
@@ -320,6 +322,7 @@ def settings_text(run: dict[str, Any]) -> str:
         f"batch {s['max_num_batched_tokens']}, KV {s['kv_cache_bytes'] / 2**30:g} GiB, "
         f"prefix caching off, ids {','.join(map(str, s['layer_ids']))}, "
         f"files on {run['storage_fs']}"
+        + (", async writes" if run.get(ASYNC_WRITES) in ("1", "true", "yes") else "")
     )
 
 

@@ -12,6 +12,8 @@ appears atomically (written aside, then renamed) while an exclusive `flock` is h
 (`kv_connector_extra_config["refuse_bad_hidden_states"]` or `SPECULATORS_HYBRID_REFUSE_BAD=1`):
 a file with NaN/Inf or all-zero token rows is not written; the request's
 `kv_transfer_params` then carry no path and a `hidden_states_error` saying why.
+Files are written inside the engine step unless `async_writes` is asked for (writer.py): then
+from writer threads, the lock taken before the step ends (not with the guard on).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from speculators_hybrid.vllm_patches.provenance_meta import (
     refuse,
     save_whole,
 )
+from speculators_hybrid.vllm_patches.writer import FileWriter, async_enabled
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -131,6 +134,9 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         )
         self._prompts: dict[str, _Prompt] = {}
         self._guard = guard_enabled(self._kv_transfer_config.get_from_extra_config)
+        self._writer: FileWriter | None = None  # files written off the step (opt-in)
+        if async_enabled(self._kv_transfer_config.get_from_extra_config) and not self._guard:
+            self._writer = FileWriter()
         self._layer: str | None = None
         self._group = -1
         self._block_size = 0
@@ -176,13 +182,23 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
             return
         os.makedirs(self._dir, exist_ok=True)
         for save in meta.saves:
-            hidden = read_slots(kv_layer, save.slots).cpu()
+            hidden = read_slots(kv_layer, save.slots)
+            tokens = torch.tensor(save.token_ids, dtype=torch.int64)
+            if self._writer is not None:
+                tensors = {"hidden_states": hidden, "token_ids": tokens}
+                self._writer.submit(save.path, tensors, self._provenance)
+                continue
+            hidden = hidden.cpu()
             problem = bad_rows(hidden) if self._guard else None
             if problem is not None:
                 refuse(save.path, problem)
                 continue
-            tokens = torch.tensor(save.token_ids, dtype=torch.int64)
             write_file(save.path, {"hidden_states": hidden, "token_ids": tokens}, self._provenance)
+
+    def shutdown(self) -> None:
+        if self._writer is not None:
+            self._writer.shutdown()
+        super().shutdown()
 
     # ---- scheduler side ----
     def get_num_new_matched_tokens(

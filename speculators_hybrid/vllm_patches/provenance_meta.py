@@ -22,10 +22,15 @@ GUARD_ENV = "SPECULATORS_HYBRID_REFUSE_BAD"
 GUARD_KEY = "refuse_bad_hidden_states"  # in kv_connector_extra_config
 
 
+def opted_in(extra_config: Any, key: str, env: str) -> bool:
+    """`kv_connector_extra_config[key]` or the variable `env` set to 1/true/yes."""
+    flag = str(os.environ.get(env, "")).strip().lower() in ("1", "true", "yes")
+    return flag or bool(extra_config(key, False))
+
+
 def guard_enabled(extra_config: Any) -> bool:
     """Opt-in: `kv_connector_extra_config[GUARD_KEY]` or the `GUARD_ENV` variable."""
-    flag = str(os.environ.get(GUARD_ENV, "")).strip().lower() in ("1", "true", "yes")
-    return flag or bool(extra_config(GUARD_KEY, False))
+    return opted_in(extra_config, GUARD_KEY, GUARD_ENV)
 
 
 def bad_rows(hidden: torch.Tensor) -> str | None:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
 
+import pytest
 import torch
 from conftest import engine_config, needs
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 from speculators_hybrid import planning
+from speculators_hybrid.vllm_patches import writer
 from speculators_hybrid.vllm_patches.connector import (
     HiddenStatesMetadata,
     HybridHiddenStatesConnector,
@@ -96,3 +99,71 @@ def test_guard_refuses_nan_or_all_zero_rows(shim, tmp_path, monkeypatch):
     )
     connector.save_kv_layer(name, cache, None)
     assert "NaN or Inf at token rows 3" in (tmp_path / "nan.safetensors.rejected").read_text()
+
+
+def async_connector(tmp_path, **extra):
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    config = engine_config(preset="tiny", ids=(2, 5, 8), prefix_caching=True, max_model_len=4096)
+    config.kv_transfer_config.kv_connector_extra_config.update(
+        shared_storage_path=str(tmp_path), **extra
+    )
+    name, _layer = planning.hidden_state_layer(config)
+    connector = HybridHiddenStatesConnector(config, KVConnectorRole.WORKER)
+    cache = torch.randn(12, 16, 3, 256).to(torch.bfloat16)
+    connector.register_kv_caches({name: cache})
+    return connector, name, cache
+
+
+def test_async_writes_return_first_and_readers_wait_for_whole_files(shim, tmp_path, monkeypatch):
+    connector, name, cache = async_connector(tmp_path, async_writes=True)
+    release = threading.Event()
+    real = writer.save_whole
+
+    def held(*args, **kwargs):  # the disk is slow: the step must not wait for it
+        assert release.wait(30)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(writer, "save_whole", held)
+    requests = {f"req-{i}": slots_for([11 - i, i], 16, 20 + i) for i in range(4)}
+    saves = [
+        SaveRequest(r, str(tmp_path / f"{r}.safetensors"), list(range(len(s))), s)
+        for r, s in requests.items()
+    ]
+    connector.bind_connector_metadata(HiddenStatesMetadata(saves))
+    connector.save_kv_layer(name, cache, None)  # returns with every write still pending
+
+    for save in saves:
+        assert not os.path.exists(save.path)
+        with open(f"{save.path}.lock") as lock, pytest.raises(BlockingIOError):
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by the writer
+    release.set()
+    for save in saves:
+        with open(f"{save.path}.lock") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # what speculators' reader does, then it reads
+            data = load_file(save.path)
+        expected = cache[save.slots // 16, save.slots % 16]
+        assert torch.equal(data["hidden_states"], expected)
+        assert data["token_ids"].tolist() == save.token_ids
+    connector.shutdown()
+    names = sorted(os.listdir(tmp_path))
+    assert names == sorted(
+        [f"{r}.safetensors" for r in requests] + [f"{r}.safetensors.lock" for r in requests]
+    )
+
+
+@pytest.mark.parametrize("opt_in", ["extra_config", "env", "guard_wins", "off"])
+def test_async_writes_are_opt_in_and_the_guard_keeps_them_in_the_step(
+    shim, tmp_path, monkeypatch, opt_in
+):
+    monkeypatch.delenv(writer.ASYNC_ENV, raising=False)
+    extra: dict = {}
+    if opt_in == "env":
+        monkeypatch.setenv(writer.ASYNC_ENV, "1")
+    elif opt_in != "off":
+        extra["async_writes"] = True
+    if opt_in == "guard_wins":
+        extra["refuse_bad_hidden_states"] = True
+    connector, _, _ = async_connector(tmp_path, **extra)
+    assert (connector._writer is not None) == (opt_in in ("extra_config", "env"))
+    connector.shutdown()

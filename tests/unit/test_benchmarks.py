@@ -287,6 +287,12 @@ def test_table_pairs_plain_and_extraction(tmp_path):
     ]
 
 
+def test_table_says_when_files_were_written_off_the_step():
+    run = fake_run("extract", 6e4, 200000, SPECULATORS_HYBRID_ASYNC_WRITES="1")
+    assert bench.settings_text(run).endswith("files on ext4, async writes")
+    assert "async" not in bench.settings_text(fake_run("extract", 6e4, 200000))
+
+
 def test_table_marks_failures_and_missing_numbers():
     failed = fake_run("extract", None, None, error="engine exited 1", cuda_graphs_error="boom")
     failed["settings"]["eager"] = True

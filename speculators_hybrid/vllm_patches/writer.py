@@ -1,0 +1,86 @@
+"""Hidden-state files written off the engine step (opt-in; our connector, vLLM < 0.22).
+
+Why: the connector wrote each file inside the engine step (copy to the host, serialize,
+write), which held extraction to 0.30x of plain prefill on an H200 (benchmarks/results).
+How: the step only gathers the rows on the GPU, queues their copy into pinned host memory
+and takes `<path>.lock`; a thread waits for the copy, writes the file aside, renames it into
+place and releases the lock, as vLLM >= 0.22's own connector does. Readers that wait on the
+lock (speculators >= 0.6) see whole files; speculators 0.5.0 reads without waiting and could
+find no file yet, hence opt-in: `kv_connector_extra_config["async_writes"]` or
+`SPECULATORS_HYBRID_ASYNC_WRITES=1`. The opt-in guard against bad rows keeps the in-step
+write (its verdict must be known before the request finishes).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import IO, Any
+
+import torch
+
+from speculators_hybrid.vllm_patches.provenance_meta import opted_in, save_whole
+
+logger = logging.getLogger("vllm.speculators_hybrid")
+
+ASYNC_ENV = "SPECULATORS_HYBRID_ASYNC_WRITES"
+ASYNC_KEY = "async_writes"  # in kv_connector_extra_config
+
+
+def async_enabled(extra_config: Any) -> bool:
+    return opted_in(extra_config, ASYNC_KEY, ASYNC_ENV)
+
+
+class FileWriter:
+    """Writes files from writer threads; at most `max_pending` wait, then `submit` blocks."""
+
+    def __init__(self, threads: int = 4, max_pending: int = 64) -> None:
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="speculators-hybrid-writer")
+        self._pending: deque[Future[None]] = deque()
+        self._max_pending = max_pending
+
+    def submit(
+        self, path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None
+    ) -> None:
+        """Lock `path` now (readers wait from here on), copy to the host, write in a thread."""
+        lock = open(f"{path}.lock", "a")  # noqa: SIM115 (closed by the writer thread)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        host, ready = {}, None
+        for key, tensor in tensors.items():
+            if tensor.is_cuda:
+                host[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                host[key].copy_(tensor, non_blocking=True)  # queued after the gather
+            else:
+                host[key] = tensor
+        if any(t.is_cuda for t in tensors.values()):
+            ready = torch.cuda.Event()
+            ready.record()
+        while len(self._pending) >= self._max_pending:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(_write, path, host, metadata, ready, lock))
+        while self._pending and self._pending[0].done():
+            self._pending.popleft().result()
+
+    def drain(self) -> None:
+        """Wait until every submitted file is written (or its write failed and was logged)."""
+        while self._pending:
+            self._pending.popleft().result()
+
+    def shutdown(self) -> None:
+        self.drain()
+        self._pool.shutdown(wait=True)
+
+
+def _write(
+    path: str, host: dict[str, torch.Tensor], metadata: Any, ready: Any, lock: IO[str]
+) -> None:
+    try:
+        if ready is not None:
+            ready.synchronize()
+        save_whole(path, host, metadata)
+    except Exception:  # the reader gets the lock, finds no file and fails: nothing half-read
+        logger.exception("speculators-hybrid: could not write %s", path)
+    finally:
+        lock.close()  # releases the reader's wait
