@@ -8,6 +8,7 @@ ids and name a hidden-states file; each file must match a float32 HuggingFace fo
 MIN_COSINE per token and id, no all-zero rows), and the storage folder must hold exactly one
 file per request (with tensor parallelism one rank writes). The TP=2 case needs two GPUs.
 
+The server's extra wheels for the device are listed in `serve-deps.txt` (how to stage them there).
 Numbers go to `SPECULATORS_HYBRID_GPU_REPORT` (JSON); server logs to
 `SPECULATORS_HYBRID_GPU_LOGDIR`.
 """
