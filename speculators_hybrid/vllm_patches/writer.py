@@ -46,20 +46,15 @@ class FileWriter:
     ) -> None:
         """Lock `path` now (readers wait from here on), copy to the host, write in a thread."""
         lock = open(f"{path}.lock", "a")  # noqa: SIM115 (closed by the writer thread)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        host, ready = {}, None
-        for key, tensor in tensors.items():
-            if tensor.is_cuda:
-                host[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-                host[key].copy_(tensor, non_blocking=True)  # queued after the gather
-            else:
-                host[key] = tensor
-        if any(t.is_cuda for t in tensors.values()):
-            ready = torch.cuda.Event()
-            ready.record()
-        while len(self._pending) >= self._max_pending:
-            self._pending.popleft().result()
-        self._pending.append(self._pool.submit(_write, path, host, metadata, ready, lock))
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            host, ready = _to_host(tensors)
+            while len(self._pending) >= self._max_pending:
+                self._pending.popleft().result()
+            self._pending.append(self._pool.submit(_write, path, host, metadata, ready, lock))
+        except BaseException:
+            lock.close()  # never leave a reader waiting on a lock no writer will release
+            raise
         while self._pending and self._pending[0].done():
             self._pending.popleft().result()
 
@@ -71,6 +66,21 @@ class FileWriter:
     def shutdown(self) -> None:
         self.drain()
         self._pool.shutdown(wait=True)
+
+
+def _to_host(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:
+    """Host copies (pinned, queued on the current stream) and the event that marks them done."""
+    host, ready = {}, None
+    for key, tensor in tensors.items():
+        if tensor.is_cuda:
+            host[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host[key].copy_(tensor, non_blocking=True)  # after the gather, in stream order
+        else:
+            host[key] = tensor
+    if any(t.is_cuda for t in tensors.values()):
+        ready = torch.cuda.Event()
+        ready.record()
+    return host, ready
 
 
 def _write(

@@ -167,3 +167,14 @@ def test_async_writes_are_opt_in_and_the_guard_keeps_them_in_the_step(
     connector, _, _ = async_connector(tmp_path, **extra)
     assert (connector._writer is not None) == (opt_in in ("extra_config", "env"))
     connector.shutdown()
+
+
+def test_a_write_that_cannot_be_queued_releases_its_lock(tmp_path):
+    files = writer.FileWriter(threads=1)
+    files.shutdown()  # no thread left to write
+    path = str(tmp_path / "r.safetensors")
+    with pytest.raises(RuntimeError) as failure:
+        files.submit(path, {"hidden_states": torch.zeros(2, 1, 4)}, None)
+    assert failure.traceback  # its frames (and their open files) are still alive here
+    with open(f"{path}.lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a reader would not wait forever
