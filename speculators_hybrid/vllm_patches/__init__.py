@@ -13,6 +13,7 @@ from speculators_hybrid.vllm_patches import (
     layer_zero,
     own_page,
     prefix_caching,
+    prefix_hit,
     provenance,
     text_only,
 )
@@ -23,6 +24,7 @@ PATCHES: tuple[Patch, ...] = (
     hidden_write.PATCH,
     engine_block.PATCH,
     prefix_caching.PATCH,
+    prefix_hit.PATCH,
     hidden_read.PATCH,
     hidden_read.PAD_PATCH,
     provenance.PATCH,

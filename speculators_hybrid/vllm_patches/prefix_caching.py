@@ -9,6 +9,9 @@ gains little from prefix caching (each prompt is read once).
 How: before vLLM builds its config, an `extract_hidden_states` run on a hybrid model gets
 `enable_prefix_caching=False`, with a log line saying why. On vLLM 0.20-0.21 our own
 connector path keeps prefix caching on: there it was measured correct (tests/gpu).
+Root cause (vLLM 0.24-0.28), found since: the scheduler resumed a hit where the attention
+layers had state but the GDN layers had not; hidden-states-consistent-prefix-hit (prefix_hit.py)
+fixes that. This patch stays until a GPU run shows matching hidden states with the fix.
 Upstream: none yet.
 """
 

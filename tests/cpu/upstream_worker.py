@@ -78,12 +78,12 @@ def cpu_copies(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @contextlib.contextmanager
-def without(patch_id: str):
-    """Every patch this vLLM needs but `patch_id` (the plugin as it was without it)."""
+def without(*patch_ids: str):
+    """Every patch this vLLM needs but `patch_ids` (the plugin as it was without them)."""
     if PATCHED_VLLM:
-        pytest.skip(f"vLLM's source carries {patch_id}: there is no vLLM without it")
+        pytest.skip(f"vLLM's source carries {patch_ids}: there is no vLLM without them")
     PATCHER.revert()
-    PATCHER.apply([p for p in vllm_patches() if p.id != patch_id])
+    PATCHER.apply([p for p in vllm_patches() if p.id not in patch_ids])
     try:
         yield
     finally:

@@ -46,6 +46,7 @@ FROM_022 = {
     "no-prefix-caching-for-hybrid-extraction",
     "hidden-states-provenance",
 }
+HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.28: the connector-hit path
 
 
 @pytest.mark.parametrize(
@@ -54,8 +55,12 @@ FROM_022 = {
         ("0.20.1", EVERY | BEFORE_022),
         ("0.21.0", EVERY | BEFORE_022),
         ("0.22.0", EVERY | FROM_022 | {"hidden-states-pad-slots"}),
-        ("0.24.0", EVERY | FROM_022 | {"hidden-states-pad-slots", "hidden-states-read-slots"}),
-        ("0.25.0", EVERY | FROM_022),
+        (
+            "0.24.0",
+            EVERY | FROM_022 | {"hidden-states-pad-slots", "hidden-states-read-slots"} | HIT,
+        ),
+        ("0.25.0", EVERY | FROM_022 | HIT),
+        ("0.29.0", (EVERY - {"qwen3_5-text-only-models"}) | FROM_022),
     ],
 )
 def test_each_vllm_version_selects_the_patches_it_needs(version, expected):

@@ -1,0 +1,52 @@
+"""A prefix-cache hit lands where every group, Mamba/GDN included, has state (vLLM 0.24-0.28).
+
+Why: with any KV connector on a hybrid model, vLLM 0.24/0.25's scheduler takes the local hit
+from `find_longest_cache_hit_per_group` and uses the deepest group's hit (`max`), expecting the
+connector to bring the Mamba state for that boundary (as NIXL's P/D transfer does). The
+hidden-states connector stores only. So a prompt sharing 1,200 tokens with an earlier one
+prefilled in 400/400/480-token steps resumed at token 1,200, where the GDN layers had saved no
+state (they had at 800): the new tokens ran from a wrong state. This is the root cause of the
+wrong hidden states measured on an H200 with vLLM 0.25.0 after a prefix-cache hit (cosine
+0.47-0.79 at the last ids; hits ending on a step boundary were right). vLLM issue 46453.
+How: while extracting (the plan has a hidden-state group), the per-group lookup answers with
+the hit all groups agree on (`find_longest_cache_hit`, the path used without a connector):
+every group resumes at that length.
+Upstream: vLLM 0.29.0 takes per-group hits only from connectors that declare
+`supports_divergent_local_hybrid_hits` (issue 46453; PRs 48425, 50344).
+Prefix caching stays off for hybrid extraction on >= 0.22 (prefix_caching.py) until a GPU run
+shows matching hidden states with this fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from speculators_hybrid.registry import Patch, Target, argument
+from speculators_hybrid.vllm_patches.own_page import is_hidden
+
+
+def _agreed_hit(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    groups = instance.kv_cache_config.kv_cache_groups
+    if not any(is_hidden(g.kv_cache_spec) for g in groups):
+        return wrapped(*args, **kwargs)  # not extraction: a connector that may transfer state
+    block_hashes = argument(args, kwargs, 0, "block_hashes")
+    max_length = argument(args, kwargs, 1, "max_cache_hit_length")
+    blocks, hit = instance.find_longest_cache_hit(block_hashes, max_length)
+    return blocks, (hit,) * len(groups)
+
+
+PATCH = Patch(
+    id="hidden-states-consistent-prefix-hit",
+    project="vllm",
+    versions=">=0.24,<0.29",
+    fixed_upstream="vLLM 0.29.0 (per-group hits only for connectors that ask; issue 46453)",
+    why=__doc__ or "",
+    targets=(
+        Target(
+            "vllm.v1.core.kv_cache_coordinator",
+            "HybridKVCacheCoordinator.find_longest_cache_hit_per_group",
+            _agreed_hit,
+            ("756f9156f416aa7b",),  # 0.24.0, 0.25.0
+        ),
+    ),
+)
