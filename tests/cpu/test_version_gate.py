@@ -10,6 +10,7 @@ from speculators_hybrid.registry import base_version
 PROVENANCE = "hidden-states-provenance"  # upstream's connector writes from 0.22
 TEXT_ONLY = "qwen3_5-text-only-models"  # vLLM registers the classes from 0.27
 OWN_PAGE = "hidden-states-own-page-size"  # every release so far
+PREFIX_HIT = "hidden-states-consistent-prefix-hit"  # the connector-hit path of 0.24-0.28
 
 # vLLM release -> the patches it needs (the table README.md shows).
 NEEDED = {
@@ -42,6 +43,7 @@ NEEDED = {
         "hidden-states-read-slots",
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
+        PREFIX_HIT,
         OWN_PAGE,
     },
     "0.25.0": {
@@ -49,6 +51,7 @@ NEEDED = {
         PROVENANCE,
         "hidden-block-divides-engine-block",
         "no-prefix-caching-for-hybrid-extraction",
+        PREFIX_HIT,
         OWN_PAGE,
     },
     "0.29.0": {
