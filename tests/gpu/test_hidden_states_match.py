@@ -175,9 +175,7 @@ def run_engine(spec: dict[str, Any], workdir: Path, name: str) -> dict[str, Any]
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
-    if logdir := os.environ.get("SPECULATORS_HYBRID_GPU_LOGDIR"):
-        Path(logdir).mkdir(parents=True, exist_ok=True)
-        shutil.copy(log, Path(logdir) / f"engine-{name}.log")
+    keep_log(log, f"engine-{name}.log")
     if rc is None:
         limit = f"{ENGINE_TIMEOUT_S:.0f} s"
         pytest.fail(f"engine {name} timed out after {limit}; log tail:\n{_tail(log)}")
@@ -223,6 +221,42 @@ def write_report(case: str, entry: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(report, indent=2))
 
 
+def keep_log(log: Path, name: str) -> None:
+    """Copy `log` as `name` into `SPECULATORS_HYBRID_GPU_LOGDIR`, if set."""
+    if logdir := os.environ.get("SPECULATORS_HYBRID_GPU_LOGDIR"):
+        Path(logdir).mkdir(parents=True, exist_ok=True)
+        shutil.copy(log, Path(logdir) / name)
+
+
+def check_extracted(
+    label: str,
+    path: str | Path,
+    prompt: list[int],
+    folder: Path,
+    ids: list[int],
+    row: dict[str, Any],
+    problems: list[str],
+) -> None:
+    """One file against the contract and the HF reference: its min cosine per id goes into
+    `row["min_cos"]`, what is wrong into `problems`."""
+    try:
+        ref = reference(str(folder), tuple(prompt), tuple(ids))
+        row["min_cos"] = hf.check_file(path, prompt, ids, ref)
+    except AssertionError as e:
+        problems.append(f"{label}: {e}")
+        return
+    low = {i: c for i, c in row["min_cos"].items() if c < MIN_COSINE}
+    if low:
+        problems.append(f"{label}: min cosine below {MIN_COSINE}: {low}")
+
+
+def worst_per_id(rows: list[dict[str, Any]], ids: list[int]) -> tuple[dict[int, Any], str]:
+    """The lowest min cosine of each id over the rows (None if no file), and as text."""
+    per_id = {i: min((r["min_cos"][i] for r in rows if "min_cos" in r), default=None) for i in ids}
+    text = " ".join(f"{i}:{c:.5f}" if c is not None else f"{i}:n/a" for i, c in per_id.items())
+    return per_id, text
+
+
 def check_case(
     case: str,
     folder: Path,
@@ -255,17 +289,8 @@ def check_case(
             if not out["path"] or not Path(out["path"]).exists():
                 problems.append(f"{label}: no hidden-states file ({out['path']!r})")
                 continue
-            try:
-                row["min_cos"] = hf.check_file(
-                    out["path"], prompt, ids, reference(str(folder), tuple(prompt), tuple(ids))
-                )
-            except AssertionError as e:
-                problems.append(f"{label}: {e}")
-                continue
-            low = {i: c for i, c in row["min_cos"].items() if c < MIN_COSINE}
-            if low:
-                problems.append(f"{label}: min cosine below {MIN_COSINE}: {low}")
-    per_id = {i: min((r["min_cos"][i] for r in rows if "min_cos" in r), default=None) for i in ids}
+            check_extracted(label, out["path"], prompt, folder, ids, row, problems)
+    per_id, worst = worst_per_id(rows, ids)
     entry = {
         "vllm": data["vllm"],
         "reference_device": hf.reference_device(),
@@ -279,7 +304,6 @@ def check_case(
     for r in rows:
         cos = " ".join(f"{i}:{c:.5f}" for i, c in r.get("min_cos", {}).items()) or "n/a"
         print(f"[hidden-states] {case} {r['prompt']} cached={r['num_cached_tokens']} min_cos {cos}")
-    worst = " ".join(f"{i}:{c:.5f}" if c is not None else f"{i}:n/a" for i, c in per_id.items())
     files = sum("min_cos" in r for r in rows)
     print(
         f"[hidden-states] SUMMARY {case} vllm={data['vllm']} files={files}/{len(rows)}"

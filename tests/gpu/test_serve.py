@@ -18,7 +18,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -40,9 +39,10 @@ pytest.importorskip("vllm")
 import hf_reference as hf  # noqa: E402  (tests/gpu is on sys.path)
 from test_hidden_states_match import (  # noqa: E402
     IDS,
-    MIN_COSINE,
+    check_extracted,
+    keep_log,
     prompt_batches,
-    reference,
+    worst_per_id,
     write_report,
 )
 
@@ -198,20 +198,14 @@ def test_serve_through_launcher(
                 rows.append(row)
                 try:
                     path = Path(check_answer(answer, prompt))
-                    wait_written(path)
-                    ref = reference(str(folder), tuple(prompt), tuple(IDS))
-                    row["min_cos"] = hf.check_file(path, prompt, IDS, ref)
                 except AssertionError as e:
                     problems.append(f"{label}: {e}")
                     continue
-                low = {i: c for i, c in row["min_cos"].items() if c < MIN_COSINE}
-                if low:
-                    problems.append(f"{label}: min cosine below {MIN_COSINE}: {low}")
+                wait_written(path)
+                check_extracted(label, path, prompt, folder, IDS, row, problems)
     finally:
         server.stop()
-        if logdir := os.environ.get("SPECULATORS_HYBRID_GPU_LOGDIR"):
-            Path(logdir).mkdir(parents=True, exist_ok=True)
-            shutil.copy(server.log, Path(logdir) / f"serve-{case}.log")
+        keep_log(server.log, f"serve-{case}.log")
     log = server.text()
     command = next((ln for ln in log.splitlines() if " serve " in ln and "--speculative" in ln), "")
     files = sorted(p.name for p in storage.glob("*.safetensors")) if storage.exists() else []
@@ -219,7 +213,7 @@ def test_serve_through_launcher(
         problems.append(f"{len(files)} files for {len(rows)} requests: {files}")
     if multimodal and "--language-model-only" not in command:
         problems.append(f"launch did not add --language-model-only: {command!r}")
-    per_id = {i: min((r["min_cos"][i] for r in rows if "min_cos" in r), default=None) for i in IDS}
+    per_id, worst = worst_per_id(rows, IDS)
     import vllm
 
     write_report(
@@ -236,7 +230,6 @@ def test_serve_through_launcher(
             "problems": problems,
         },
     )
-    worst = " ".join(f"{i}:{c:.5f}" if c is not None else f"{i}:n/a" for i, c in per_id.items())
     hits = [r["cached_tokens"] or 0 for r in rows if r["prompt"].startswith("batch1/")]
     print(
         f"[serve] SUMMARY {case} vllm={vllm.__version__} files={len(files)}/{len(rows)}"
