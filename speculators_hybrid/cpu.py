@@ -4,11 +4,13 @@ vLLM picks no platform without a GPU: force its CPU platform before vLLM is used
 torchvision is a CUDA build that cannot load beside a CPU torch, yet vLLM's Qwen3.5 module
 imports transformers' image processors, which import torchvision; nothing on this path runs
 vision code, so where torchvision cannot be imported an inert stand-in module is used.
-Never call this inside a serving vLLM process.
+The platform answers as any host would (`planning_platform`): a plan must not depend on the CPU
+it was made on. Never call this inside a serving vLLM process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.machinery
@@ -16,6 +18,7 @@ import importlib.util
 import os
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -84,11 +87,70 @@ def stand_in_torchvision() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (STANDINS, path) if p)
 
 
+@contextlib.contextmanager
+def no_cpu_features() -> Iterator[None]:
+    """Every `torch.cpu._is_<feature>_supported()` answers False inside; the host's come back after.
+
+    vLLM's CPU platform asks them while it builds a config: on an AMX host 0.22-0.24 turn prefix
+    caching and chunked prefill off for models with linear attention and 0.26-0.28 make the SSM
+    state float32; on an AVX-512 BF16 host 0.29+ make it float32 (its page size) and set
+    `VLLM_SSM_CONV_STATE_LAYOUT=SD` (the conv state's shape) for the process, as 0.22-0.28 do
+    with AMX. A CUDA start does none of that.
+    """
+    import torch
+
+    probes = {n: getattr(torch.cpu, n) for n in dir(torch.cpu) if is_feature_probe(n)}
+    for name in probes:
+        setattr(torch.cpu, name, lambda: False)
+    try:
+        yield
+    finally:
+        for name, probe in probes.items():
+            setattr(torch.cpu, name, probe)
+
+
+def is_feature_probe(name: str) -> bool:
+    return name.startswith("_is_") and name.endswith("_supported")
+
+
+def planning_platform() -> Any:
+    """vLLM's CPU platform with the host's facts fixed, so a plan is the same on every host.
+
+    The one place where planning on the CPU is made host-independent. Overrides, each a
+    question vLLM asks of the host:
+    - the CPU's features (AMX, AVX-512 BF16, ...): none while vLLM builds a config or picks an
+      attention backend (`no_cpu_features`);
+    - the CPU architecture: x86 (an ARM host adds custom ops, a RISC-V host turns prefix
+      caching and chunked prefill off in `EngineArgs`).
+    What the CPU platform changes on every host (block size 128, executor, async scheduling,
+    CUDA graphs) is not host-dependent; `planning.layer_specs` sets the block sizes a CUDA
+    start uses before it plans.
+    """
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.platforms.interface import CpuArchEnum
+
+    class PlanningPlatform(CpuPlatform):
+        @classmethod
+        def get_cpu_architecture(cls) -> CpuArchEnum:
+            return CpuArchEnum.X86
+
+        @classmethod
+        def check_and_update_config(cls, vllm_config: Any) -> None:
+            with no_cpu_features():
+                super().check_and_update_config(vllm_config)
+
+        @classmethod
+        def get_attn_backend_cls(cls, *args: Any, **kwargs: Any) -> Any:
+            with no_cpu_features():
+                return super().get_attn_backend_cls(*args, **kwargs)
+
+    return PlanningPlatform()
+
+
 def force_cpu_platform() -> None:
     import vllm.platforms as platforms
-    from vllm.platforms.cpu import CpuPlatform
 
-    platforms._current_platform = CpuPlatform()
+    platforms._current_platform = planning_platform()
 
 
 def prepare() -> None:

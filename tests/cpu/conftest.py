@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -207,6 +208,25 @@ def model_output(scheduler_output, sampled: dict[str, int], saved: frozenset[str
         sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in ids],
         kv_connector_output=KVConnectorOutput(finished_sending=set(saved)) if saved else None,
     )
+
+
+LAYOUT = "VLLM_SSM_CONV_STATE_LAYOUT"  # set for the process by vLLM's CPU platform on some hosts
+
+
+@contextmanager
+def host_answers(answer: bool) -> Iterator[None]:
+    """The host says yes (or no) to every CPU feature vLLM asks about; its env is restored."""
+    import torch
+
+    mp = pytest.MonkeyPatch()
+    for name in dir(torch.cpu):
+        if cpu.is_feature_probe(name):
+            mp.setattr(torch.cpu, name, lambda: answer)
+    mp.delenv(LAYOUT, raising=False)
+    try:
+        yield
+    finally:
+        mp.undo()
 
 
 def needs(*patch_ids: str) -> pytest.MarkDecorator:

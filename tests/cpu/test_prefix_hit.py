@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import engine_scheduler, model_dir, model_output, needs
+from conftest import engine_scheduler, host_answers, model_dir, model_output, needs
 from upstream_worker import without
 
 from speculators_hybrid import planning
@@ -87,3 +87,14 @@ def test_without_the_patch_extraction_resumes_where_no_state_was_saved(shim):
     with without("no-prefix-caching-for-hybrid-extraction", "hidden-states-consistent-prefix-hit"):
         saved_at, start = resume_points((1, 4, 5, 8))
     assert start not in saved_at, (saved_at, start)  # the wrong hidden states seen on the GPU
+
+
+def test_the_hit_is_the_same_on_every_host(caching_on):
+    """On an AMX host vLLM 0.24's CPU platform turns prefix caching off (speculators_hybrid.cpu
+    plans as a CUDA start does, so the host's CPU features change nothing)."""
+    results = []
+    for answer in (True, False):
+        with host_answers(answer):
+            results.append((resume_points(None), resume_points((1, 4, 5, 8))))
+    assert results[0] == results[1]
+    assert results[1][0] == results[1][1]
