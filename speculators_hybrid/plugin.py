@@ -2,7 +2,9 @@
 
 vLLM calls `register()` once per process (API server, engine core, each worker) through the
 `vllm.general_plugins` entry point; `VLLM_PLUGINS` (vLLM's allow-list) applies as usual.
-`SPECULATORS_HYBRID_DISABLE=1` turns it off.
+`SPECULATORS_HYBRID_DISABLE=1` turns it off. Where a patch's target is not the code it was
+written for, nothing is patched and only hidden-state extraction from a hybrid model is refused
+(speculators_hybrid/guard.py says the rule).
 
 Every vLLM process pays for importing this module, so it imports little: the patch framework
 (wrapt, `registry`, `model_registration`, the patch modules) is imported by `register()` once
@@ -45,7 +47,9 @@ def patcher() -> Patcher:
         if "PATCHER" not in globals():
             from speculators_hybrid.registry import Patcher
 
-            globals()["PATCHER"] = Patcher(version_of=installed)
+            # not strict: a changed target leaves vLLM unpatched and `guard` refuses hybrid
+            # extraction; everything else runs as without the plugin
+            globals()["PATCHER"] = Patcher(version_of=installed, strict=False)
         return globals()["PATCHER"]
 
 
@@ -88,14 +92,20 @@ def register() -> None:
     version = installed("vllm")
     if version is None:
         return
+    from speculators_hybrid import guard
     from speculators_hybrid.model_registration import REGISTRAR
 
+    guard.install()  # first: the patches wrap on top of it
     selected = patcher().apply(vllm_patches())
-    REGISTRAR.apply(selected)  # the selected `Registration`s: architectures vLLM lacks
+    failed = patcher().failed
+    if failed is None:
+        REGISTRAR.apply(selected)  # the selected `Registration`s: architectures vLLM lacks
     logger.info(
         "speculators-hybrid: pid=%d role=%s vllm=%s patches=%s",
         os.getpid(),
         role(),
         version,
-        ",".join(p.id for p in selected) or "none",
+        (",".join(p.id for p in selected) or "none")
+        if failed is None
+        else f"none ({failed.short()}; hybrid extraction will be refused)",
     )

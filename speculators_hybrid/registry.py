@@ -5,7 +5,8 @@ the upstream change that fixes it, and a fingerprint of every target it replaces
 Applying is lazy: a post-import hook fires when a target module is imported (or at once
 if it already is), so import order does not matter. It fails closed: if any target of
 the selected set is missing or changed, every target this process already patched is
-restored and `PatchError` says which function, which version and what to do.
+restored and `PatchError` says which function, which version and what to do. A strict
+`Patcher` raises it; the plugin's records it and stays inert (speculators_hybrid.guard).
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ def argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
 
 class PatchError(RuntimeError):
     """A target of a selected patch is missing or is not the code the patch was written for."""
+
+    def __init__(self, message: str, patch: str = "", target: str = "", version: str = ""):
+        super().__init__(message)
+        self.patch, self.target, self.version = patch, target, version
+
+    def short(self) -> str:
+        """One clause: which patch's target changed."""
+        return f"{self.target} is not what patch {self.patch} was written for"
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,7 @@ class Patcher:
     """Applies one set of patches in this process. `PATCHER` is the process-wide one."""
 
     version_of: Callable[[str], str | None]
+    strict: bool = True  # raise PatchError on a changed target; else record it in `failed`
     selected: list[Patch] = field(default_factory=list)
     active: bool = False
     failed: PatchError | None = None
@@ -134,6 +144,33 @@ class Patcher:
             self.selected = []
             self.failed = None
 
+    def verify_all(self) -> PatchError | None:
+        """Import every target module of the selected set now (each is verified as it comes
+        in); the failure, if any. Where patches must hold before they are used."""
+        import importlib
+
+        with self._lock:
+            targets = {t.module: p for p in self.selected for t in self._targets(p)}
+        for module, patch in sorted(targets.items()):
+            if self.failed is not None:
+                break
+            try:
+                importlib.import_module(module)
+            except PatchError:
+                pass  # recorded in `failed` by the hook
+            except ImportError as exc:
+                version = f"{patch.project} {self.version_of(patch.project)}"
+                with self._lock:
+                    self.revert()
+                    self.failed = PatchError(
+                        f"speculators-hybrid patch {patch.id!r}: module {module} cannot be "
+                        f"imported in {version} ({exc}); nothing was patched.",
+                        patch.id,
+                        module,
+                        version,
+                    )
+        return self.failed
+
     def applied(self) -> list[str]:
         """Ids of the patches whose every target is patched in this process."""
         with self._lock:
@@ -160,7 +197,10 @@ class Patcher:
                 f"{patch.project} {version}. The patch was written for {patch.project} "
                 f"{patch.versions}; nothing was patched. Install a {patch.project} version "
                 "from that range, upgrade speculators-hybrid, or set SPECULATORS_HYBRID_DISABLE=1 "
-                "to run without it."
+                "to run without it.",
+                patch.id,
+                target.name,
+                f"{patch.project} {version}",
             )
         owner, name, original = found
         got = fingerprint(original)
@@ -170,7 +210,10 @@ class Patcher:
                 f"{version} is not the code the patch replaces (fingerprint {got}, expected one "
                 f"of {', '.join(target.fingerprints)}). Nothing was patched. Your {patch.project} "
                 "may be a fork or a patched build: install a released version, upgrade "
-                "speculators-hybrid, or set SPECULATORS_HYBRID_DISABLE=1 to run without it."
+                "speculators-hybrid, or set SPECULATORS_HYBRID_DISABLE=1 to run without it.",
+                patch.id,
+                target.name,
+                f"{patch.project} {version}",
             )
         return owner, name, original
 
@@ -193,7 +236,9 @@ class Patcher:
                 self.revert()
                 self.failed = exc
                 logger.error("%s", exc)
-                raise
+                if self.strict:
+                    raise
+                return
             for p, t in todo:
                 owner, name, original = resolve(module, t.attr)  # type: ignore[misc]
                 setattr(owner, name, _wrap(original, t.wrapper))

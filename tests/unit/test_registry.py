@@ -221,3 +221,40 @@ def test_two_patches_wrap_one_target_in_order_and_revert_cleanly(module_dir):
     assert patcher.original(outer, double) is not original  # it replaced inner's wrapper
     patcher.revert()
     assert module.add is original
+
+
+def test_not_strict_a_changed_target_is_recorded_and_nothing_is_patched(module_dir):
+    first = module_dir("target_n1")
+    second = module_dir("target_n2")
+    good = _patch(first, _prints(first))
+    changed = Patch(
+        "changed", "proj", ">=1", "none yet", "why",
+        (Target(second, "add", _plus_one, ("ffffffffffffffff",)),),
+    )  # fmt: skip
+    module = importlib.import_module(first)
+    patcher = Patcher(version_of=lambda dist: "1.5", strict=False)
+    patcher.apply([good, changed])
+    assert module.add(1, 2) == 4
+    assert patcher.verify_all() is patcher.failed  # imports target_n2: no exception
+    assert module.add(1, 2) == 3 and patcher.applied() == []
+    assert patcher.failed.patch == "changed" and patcher.failed.target == f"{second}:add"
+    assert patcher.failed.short() == f"{second}:add is not what patch changed was written for"
+
+
+def test_verify_all_imports_every_target_module_and_names_one_that_cannot_be(module_dir):
+    name = module_dir("target_v")
+    patch = _patch(name, _prints(name))
+    patcher = Patcher(version_of=lambda dist: "1.5", strict=False)
+    patcher.apply([patch])
+    assert name not in sys.modules
+    assert patcher.verify_all() is None and patcher.applied() == ["demo"]
+    patcher.revert()
+    gone = Patch(
+        "gone", "proj", ">=1", "none yet", "why",
+        (Target("no_such_module_here", "add", _plus_one, ("0",)),),
+    )  # fmt: skip
+    patcher.apply([patch, gone])
+    failed = patcher.verify_all()
+    assert failed is not None and failed.patch == "gone" and "cannot be imported" in str(failed)
+    assert patcher.applied() == [] and importlib.import_module(name).add(1, 2) == 3
+    patcher.revert()
