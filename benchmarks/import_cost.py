@@ -14,8 +14,8 @@ three modes:
 Added cost per process = median(ours) - median(excluded) of plugins + targets. A
 `python -X importtime` run per mode names our modules and the modules only ours imports.
 
-    PYTHONPATH=$PWD python benchmarks/import_cost.py --python .tox/vllm020/bin/python \
-        --python .tox/vllm025/bin/python --runs 15 --out benchmarks/results
+    PYTHONPATH=$PWD python benchmarks/import_cost.py --python .tox/vllm-0.20.1/bin/python \
+        --python .tox/vllm-0.25.0/bin/python --runs 15 --out benchmarks/results
 """
 
 from __future__ import annotations

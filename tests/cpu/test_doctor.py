@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import IDS, model_dir
 
 from speculators_hybrid.cli import main
 
 
+@pytest.mark.full_tier  # doctor runs vLLM three times; the plans themselves are decisive-tier
 def test_doctor_json_shows_the_memory_target_met(shim, capsys):
     assert main(["doctor", model_dir("qwen3.6-27b-like"), "--json"]) == 0
     text = capsys.readouterr().out

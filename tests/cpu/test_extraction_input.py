@@ -142,6 +142,7 @@ def test_distinct_ids_within_0_to_n_pass(shim, preset, ids):
     assert list(hf_config.eagle_aux_hidden_state_layer_ids) == list(ids)
 
 
+@pytest.mark.full_tier
 def test_a_model_class_without_eagle3_is_refused_with_class_and_version(shim, models):
     message = refused(models["gpt2"], (1, 2))
     assert f"{PREFIX}hidden-state extraction needs EAGLE-3 auxiliary" in message
@@ -149,6 +150,7 @@ def test_a_model_class_without_eagle3_is_refused_with_class_and_version(shim, mo
     assert "does not implement vLLM's SupportsEagle3" in message
 
 
+@pytest.mark.full_tier
 def test_without_the_patch_vllm_builds_them_and_fails_after_loading_weights(no_shim, models):
     # Qwen3-Next passes vLLM's own model-type check ("qwen") on every release.
     assert build(models["qwen3_next"], (1, 2, 4)).speculative_config is not None

@@ -100,6 +100,7 @@ def collect(decoder, embeddings: torch.Tensor, layer_out: torch.Tensor) -> list[
     return aux
 
 
+@pytest.mark.full_tier
 @pytest.mark.parametrize("preset", ["qwen3", "qwen3_5"])
 def test_id_zero_stays_the_embeddings(shim, distributed, tmp_path, preset):
     config = build(qwen3_dir(tmp_path) if preset == "qwen3" else model_dir("tiny"))

@@ -41,9 +41,9 @@ def _probe(**env: str) -> tuple[str, str]:
     ("env", "armed"),
     [
         ({}, True),
-        ({"VLLM_PLUGINS": "speculators_hybrid"}, True),
-        ({"VLLM_PLUGINS": "other"}, False),
-        ({"SPECULATORS_HYBRID_DISABLE": "1"}, False),
+        pytest.param({"VLLM_PLUGINS": "speculators_hybrid"}, True, marks=pytest.mark.full_tier),
+        pytest.param({"VLLM_PLUGINS": "other"}, False, marks=pytest.mark.full_tier),
+        pytest.param({"SPECULATORS_HYBRID_DISABLE": "1"}, False, marks=pytest.mark.full_tier),
     ],
 )
 def test_loader_switches(env, armed):

@@ -1,4 +1,4 @@
-"""Real speculators releases (tox envs spec050 ... spec090); skipped where none is installed."""
+"""Real speculators releases (tox envs speculators-0.5.0 ... 0.9.0); skipped where none is."""
 
 from __future__ import annotations
 

@@ -74,6 +74,7 @@ def test_every_diff_applies_to_the_installed_release():
     assert check_failures("vllm") == []
 
 
+@pytest.mark.full_tier
 def test_cpu_suite_passes_against_the_patched_source(tmp_path):
     assert VERSION is not None
     copy, env = patched("vllm", tmp_path / "src")
