@@ -1,16 +1,18 @@
 """One vLLM engine of the extraction benchmark, run in a fresh process by `extraction.py`.
 
-Plain mode runs the prompts with `max_tokens=1`; extract mode adds speculators' settings
-(`planning.extraction_args`). Each timed pass records when `generate` returned and, in
-extract mode, when every file was complete: present, its `<path>.lock` free, whole (size as
-its safetensors header says) with `hidden_states.shape[0] == len(prompt)`. Files are checked
-against the contract once (not timed), then deleted with their locks.
+Plain mode runs the prompts with `max_tokens=1`; the extract modes add speculators' settings
+(`planning.extraction_args`). Each timed pass records when `generate` returned and, when
+extracting, when every file was complete: present, its `<path>.lock` free, whole (size as
+its safetensors header says) with `hidden_states.shape[0] == len(prompt)`. It also records
+the CPU seconds of this process and of its children (the engine core), from /proc, until
+then. Files are checked against the contract once (not timed), then deleted with their locks.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import random
 import statistics
@@ -19,12 +21,17 @@ from pathlib import Path
 from typing import Any
 
 POLL_S = 0.002
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def make_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+def extracts(mode: str) -> bool:
+    return mode != "plain"  # extract, extract-instep
+
+
+def make_prompts(lengths: list[int], vocab: int, seed: int) -> list[list[int]]:
     """Random token ids in 1..vocab-5 (0 is end-of-text, the last four are vision specials)."""
     rng = random.Random(seed)
-    return [[rng.randrange(1, vocab - 4) for _ in range(length)] for _ in range(count)]
+    return [[rng.randrange(1, vocab - 4) for _ in range(n)] for n in lengths]
 
 
 def engine_kwargs(spec: dict[str, Any], fields: set[str]) -> dict[str, Any]:
@@ -33,7 +40,6 @@ def engine_kwargs(spec: dict[str, Any], fields: set[str]) -> dict[str, Any]:
 
     kwargs: dict[str, Any] = dict(
         model=spec["folder"],
-        tokenizer=spec["folder"],
         enforce_eager=spec["eager"],
         enable_prefix_caching=False,
         kv_cache_memory_bytes=spec["kv_cache_bytes"],
@@ -43,7 +49,11 @@ def engine_kwargs(spec: dict[str, Any], fields: set[str]) -> dict[str, Any]:
         max_model_len=spec["max_model_len"],
         seed=0,
     )
-    if spec["mode"] == "extract":
+    if spec.get("dummy"):  # config.json only: random weights, no tokenizer (token-id prompts)
+        kwargs.update(load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16")
+    else:
+        kwargs["tokenizer"] = spec["folder"]
+    if extracts(spec["mode"]):
         kwargs.update(extraction_args(tuple(spec["layer_ids"]), spec["storage"]))
     if spec["multimodal"]:
         kwargs["language_model_only"] = True
@@ -128,33 +138,67 @@ def clear(folder: str) -> None:
         path.unlink(missing_ok=True)
 
 
-def one_pass(llm: Any, spec: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any]:
-    """Generate once; time the return and (extract mode) the files; leave the files."""
+def cpu_seconds(root: int) -> dict[int, float]:
+    """User + system CPU seconds of `root` and each of its descendants, from /proc/<pid>/stat."""
+    parent, cpu = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        pid = int(stat.parent.name)
+        parent[pid], cpu[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in cpu:
+            tree[pid] = cpu[pid]
+            todo += [child for child, p in parent.items() if p == pid]
+    return tree
+
+
+def cpu_used(before: dict[int, float], root: int) -> dict[str, float]:
+    """CPU seconds since `before`: this process (front end) and its children (engine core)."""
+    after = cpu_seconds(root)
+    used = {pid: s - before.get(pid, 0.0) for pid, s in after.items()}
+    return {"frontend": used.pop(root, 0.0), "engine": sum(used.values())}
+
+
+def sampling() -> Any:
     from vllm import SamplingParams
 
+    return SamplingParams(max_tokens=1, detokenize=False)  # no tokenizer needed
+
+
+def one_pass(llm: Any, spec: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any]:
+    """Generate once; time the return and (extracting) the files; leave the files."""
+    cpu0 = cpu_seconds(os.getpid())
     t0 = time.perf_counter()
-    outputs = llm.generate(
-        [{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=1), use_tqdm=False
-    )
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling(), use_tqdm=False)
     returned = time.perf_counter() - t0
     tokens = sum(map(len, prompts))
-    row: dict[str, Any] = {"tokens": tokens, "returned_s": returned}
-    if spec["mode"] != "extract":
-        return row
+    # Prefill only (max_tokens=1), chunked to the token budget: about this many engine steps.
+    steps = math.ceil(tokens / spec["max_num_batched_tokens"])
+    row: dict[str, Any] = {"tokens": tokens, "returned_s": returned, "steps_est": steps}
+    if not extracts(spec["mode"]):
+        return {**row, "cpu_s": cpu_used(cpu0, os.getpid())}
     paths = [(o.kv_transfer_params or {}).get("hidden_states_path") for o in outputs]
     expected = {p: len(q) for p, q in zip(paths, prompts, strict=True) if p}
     done, missing = wait_for_files(expected, spec["file_timeout_s"])
+    row["cpu_s"] = cpu_used(cpu0, os.getpid())  # until the files are complete
     if missing:  # a writer that waits for another engine step: give it one, say so
-        llm.generate([{"prompt_token_ids": prompts[0][:16]}], SamplingParams(max_tokens=1))
+        llm.generate([{"prompt_token_ids": prompts[0][:16]}], sampling(), use_tqdm=False)
         _, missing = wait_for_files({p: expected[p] for p in missing}, spec["file_timeout_s"])
         row["needed_another_step"] = True
     timed = not missing and "needed_another_step" not in row and None not in paths
+    file_bytes = sum(os.path.getsize(p) for p in expected if os.path.exists(p))
     row.update(
         files_s=done - t0 if timed else None,
         paths=paths,
         without_path=paths.count(None),
         incomplete=len(missing),
-        file_bytes=sum(os.path.getsize(p) for p in expected if os.path.exists(p)),
+        file_bytes=file_bytes,
+        files_gb_per_s=file_bytes / (done - t0) / 1e9 if timed else None,
     )
     return row
 
@@ -162,6 +206,12 @@ def one_pass(llm: Any, spec: dict[str, Any], prompts: list[list[int]]) -> dict[s
 def median_rate(rows: list[dict[str, Any]], key: str) -> float | None:
     rates = [r["tokens"] / r[key] for r in rows if r.get(key)]
     return statistics.median(rates) if len(rates) == len(rows) else None
+
+
+def median_of(rows: list[dict[str, Any]], value: Any) -> float | None:
+    """Median over the passes of `value(row)`; None if any pass has none."""
+    values = [value(r) for r in rows]
+    return statistics.median(values) if values and None not in values else None
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -179,16 +229,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     llm = LLM(**kwargs)
     startup = time.perf_counter() - t
     cache = llm.llm_engine.vllm_config.cache_config  # blocks as the engine core reported them
-    n = spec["prompts"]
+    lengths, extracting = spec["lengths"], extracts(spec["mode"])
     for w in range(spec["warmup"]):
-        one_pass(llm, spec, make_prompts(n, spec["prompt_len"], spec["vocab"], 1000 + w))
+        one_pass(llm, spec, make_prompts(lengths, spec["vocab"], 1000 + w))
         clear(spec["storage"])
     rows, problems = [], []
     for r in range(spec["repeats"]):
-        prompts = make_prompts(n, spec["prompt_len"], spec["vocab"], r)
+        prompts = make_prompts(lengths, spec["vocab"], r)
         row = one_pass(llm, spec, prompts)
         paths = row.pop("paths", [])
-        if r == 0 and spec["mode"] == "extract":  # the contract, once, untimed
+        if r == 0 and extracting:  # the contract, once, untimed
             for path, prompt in zip(paths, prompts, strict=True):
                 if not path or not os.path.exists(path):
                     problems.append(f"{path}: no file")
@@ -209,8 +259,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "block_size": cache.block_size,
         "passes": rows,
         "tokens_per_s_returned": median_rate(rows, "returned_s"),
-        "tokens_per_s_files": median_rate(rows, "files_s") if spec["mode"] == "extract" else None,
-        "file_bytes_per_token": file_bytes / tokens if spec["mode"] == "extract" else None,
+        "tokens_per_s_files": median_rate(rows, "files_s") if extracting else None,
+        "file_bytes_per_token": file_bytes / tokens if extracting else None,
+        "files_gb_per_s": median_of(rows, lambda r: r.get("files_gb_per_s")),
+        "cpu_s_per_pass": {
+            k: median_of(rows, lambda r, k=k: r["cpu_s"][k]) for k in ("frontend", "engine")
+        },
+        "engine_cpu_ms_per_step_est": median_of(
+            rows, lambda r: 1e3 * r["cpu_s"]["engine"] / r["steps_est"]
+        ),
         "file_problems": problems[:10],
         "file_problem_count": len(problems),
     }

@@ -1,12 +1,17 @@
 """Hidden-state extraction against plain prefill on one GPU: tokens/s, KV capacity, file bytes.
 
 For a non-hybrid control (Qwen3 layout) and a hybrid (Qwen3.5 layout, `models.PRESETS`), both
-built here with random weights, each engine in a fresh process (clean GPU memory):
+built here with random weights (the real size, `qwen3.6-27b-like`: config.json only and vLLM's
+dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
 
 - plain:   `LLM.generate` on token-id prompts, `max_tokens=1`, no extraction;
 - extract: the same with speculators' `speculative_config` + `kv_transfer_config`
            (`planning.extraction_args`), timed until `generate` returns and until every
-           file is complete (see `engine.py`).
+           file is complete (see `engine.py`);
+- extract-instep: extract with SPECULATORS_HYBRID_ASYNC_WRITES=0 (files written in the step).
+
+Workloads: `fixed` (N prompts x L tokens) or `chat` (N prompts, seeded log-uniform lengths
+of 100-8,000 tokens).
 
 Same prompts, prefix caching off, CUDA graphs on where they start (`--cuda-graphs auto` falls
 back to eager and says so), warm-up before timing, the KV size fixed (`--kv-cache-gib`) so
@@ -21,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import re
 import signal
 import subprocess
@@ -57,10 +64,63 @@ def control_sizes(size: str) -> dict[str, int]:
 
 
 KINDS = ("control", "hybrid")
-SIZES = ("wide-8l", "tiny")  # presets whose vocabulary the local tokenizer can cover
-MODES = ("plain", "extract")
+SIZES = ("wide-8l", "tiny", "qwen3.6-27b-like")
+DUMMY_SIZES = ("qwen3.6-27b-like",)  # config.json only; the others: checkpoint + local tokenizer
+MODES = ("plain", "extract", "extract-instep")
+WORKLOADS = ("fixed", "chat")
+CHAT_LENGTHS = (100, 8000)  # the chat mix: log-uniform prompt lengths in this range
+CHAT_SEED = 0  # the same mix for every engine
 KIND = "extraction-benchmark-run"
-ASYNC_WRITES = "SPECULATORS_HYBRID_ASYNC_WRITES"  # vllm_patches/writer.py: opt-in, vLLM < 0.22
+ASYNC_WRITES = "SPECULATORS_HYBRID_ASYNC_WRITES"  # vllm_patches/writer.py; "0": in-step writes
+
+# Defaults of the settings that depend on the size (`parse_args` fills those not given).
+DEFAULTS: dict[str, Any] = dict(
+    prompts=64,
+    prompt_len=512,
+    repeats=3,
+    warmup=1,
+    max_num_batched_tokens=16384,
+    max_model_len=4096,
+    kv_cache_gib=8.0,
+    engine_timeout=300.0,
+    file_timeout=20.0,
+)
+SIZE_DEFAULTS: dict[str, dict[str, Any]] = {
+    # One H200 (141 GB): ~54 GB of bf16 weights + 20 GiB of KV; chat prompts up to 8,000 tokens.
+    "qwen3.6-27b-like": dict(
+        DEFAULTS,
+        prompt_len=2048,
+        repeats=2,
+        max_model_len=8192,
+        kv_cache_gib=20.0,
+        engine_timeout=480.0,  # a 27B start with torch.compile and CUDA graphs
+        file_timeout=120.0,  # ~5 GB of files per pass
+    ),
+}
+
+
+def prompt_lengths(workload: str, count: int, length: int, seed: int = CHAT_SEED) -> list[int]:
+    """`count` x `length` (fixed), or `count` seeded log-uniform lengths in CHAT_LENGTHS (chat)."""
+    if workload == "fixed":
+        return [length] * count
+    rng, (lo, hi) = random.Random(seed), CHAT_LENGTHS
+    return [round(math.exp(rng.uniform(math.log(lo), math.log(hi)))) for _ in range(count)]
+
+
+def workload_info(workload: str, lengths: list[int]) -> dict[str, Any]:
+    """What the JSON records of a workload's prompt lengths."""
+    ordered = sorted(lengths)
+    info = dict(
+        name=workload,
+        prompts=len(lengths),
+        total_tokens=sum(lengths),
+        min=ordered[0],
+        median=ordered[len(ordered) // 2],
+        max=ordered[-1],
+    )
+    if workload == "chat":
+        info["mix"] = f"log-uniform {CHAT_LENGTHS[0]}-{CHAT_LENGTHS[1]} tokens, seed {CHAT_SEED}"
+    return info
 
 
 def layer_ids(n: int) -> list[int]:
@@ -77,6 +137,9 @@ def model_info(kind: str, size: str) -> dict[str, Any]:
         c = PRESETS[size]
         layers = c["layers"]
         what = f"Qwen3.5 layout, {layers - layers // 4} GDN + {layers // 4} attention layers"
+    what = f"{what}, hidden {c['hidden_size']}"
+    if size in DUMMY_SIZES:
+        what += f", vocab {c['vocab_size']:,}, vLLM dummy weights"
     return dict(
         kind=kind,
         size=size,
@@ -86,18 +149,22 @@ def model_info(kind: str, size: str) -> dict[str, Any]:
         layers=layers,
         vocab=c["vocab_size"],
         layer_ids=layer_ids(layers),
-        describe=f"{what}, hidden {c['hidden_size']}",
+        describe=what,
     )
 
 
 def build_model(kind: str, size: str, work: Path, device: str) -> None:
-    """Random-weight checkpoint (bf16) and a local tokenizer; runs in its own process."""
+    """Random-weight checkpoint (bf16) and a local tokenizer, or for DUMMY_SIZES config.json
+    only (the engine loads vLLM's dummy weights and needs no tokenizer); in its own process."""
     import transformers
-    from hf_reference import write_tokenizer
 
-    from speculators_hybrid.models import hf_config, save_random_model
+    from speculators_hybrid.models import hf_config, save_random_model, write_config
 
     info, folder = model_info(kind, size), model_folder(work, kind, size)
+    if kind == "hybrid" and size in DUMMY_SIZES:
+        write_config(folder, size, multimodal=True)
+        (folder / "built.json").write_text(json.dumps(info))
+        return
     if kind == "hybrid":
         cls, config = transformers.Qwen3_5ForConditionalGeneration, hf_config(size, True)
     else:
@@ -112,8 +179,14 @@ def build_model(kind: str, size: str, work: Path, device: str) -> None:
             tie_word_embeddings=False,
             **sizes,
         )
-    save_random_model(folder, cls, config, device=device)
-    write_tokenizer(folder, info["vocab"])
+    if size in DUMMY_SIZES:
+        config.dtype = "bfloat16"
+        config.save_pretrained(folder)
+    else:
+        from hf_reference import write_tokenizer
+
+        save_random_model(folder, cls, config, device=device)
+        write_tokenizer(folder, info["vocab"])
     (folder / "built.json").write_text(json.dumps(info))
 
 
@@ -164,13 +237,15 @@ def parse_log(text: str) -> dict[str, Any]:
     }
 
 
-def engine_env(plugin: str) -> dict[str, str]:
+def engine_env(plugin: str, mode: str = "plain") -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_USE_FLASHINFER_SAMPLER="0")
     # Engine core in its own process (vLLM's default); in-process, files come one step late.
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     env.pop("SPECULATORS_HYBRID_DISABLE", None)  # the flag decides
     if plugin == "off":
         env["SPECULATORS_HYBRID_DISABLE"] = "1"
+    if mode == "extract-instep":
+        env[ASYNC_WRITES] = "0"  # files written inside the engine step
     return env
 
 
@@ -185,7 +260,7 @@ def run_engine(spec: dict[str, Any], runs: Path, plugin: str, timeout_s: float) 
             [sys.executable, __file__, "--engine", str(spec_path)],
             stdout=sink,
             stderr=subprocess.STDOUT,
-            env=engine_env(plugin),
+            env=engine_env(plugin, spec["mode"]),
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
@@ -233,9 +308,15 @@ def storage_fs(path: Path) -> str:
     return fs
 
 
+def run_name(args: argparse.Namespace, kind: str, mode: str) -> str:
+    vllm = installed("vllm") or "-none"
+    return f"vllm{vllm}-plugin-{args.plugin}-{kind}-{args.size}-{args.workload}-{mode}"
+
+
 def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
     info, folder = model_info(kind, args.size), model_folder(args.work, kind, args.size)
-    name = f"vllm{installed('vllm') or '-none'}-plugin-{args.plugin}-{info['kind']}-{mode}"
+    name = run_name(args, kind, mode)
+    lengths = prompt_lengths(args.workload, args.prompts, args.prompt_len)
     storage, runs = args.work / "hidden_states" / name, args.work / "runs"
     storage.mkdir(parents=True, exist_ok=True)
     runs.mkdir(parents=True, exist_ok=True)
@@ -244,8 +325,11 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
         mode=mode,
         folder=str(folder),
         **{k: info[k] for k in ("hybrid", "multimodal", "hidden", "vocab", "layer_ids")},
+        dummy=args.size in DUMMY_SIZES,
+        workload=args.workload,
         prompts=args.prompts,
-        prompt_len=args.prompt_len,
+        prompt_len=args.prompt_len if args.workload == "fixed" else None,
+        lengths=lengths,
         repeats=args.repeats,
         warmup=args.warmup,
         storage=str(storage),
@@ -274,13 +358,14 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
         "name": name,
         "model": info,
         "mode": mode,
+        "workload": workload_info(args.workload, lengths),
         "settings": {k: v for k, v in spec.items() if k not in ("name", "result", "folder")},
         "storage_fs": storage_fs(storage),
         "cuda_graphs_error": graphs_error,
         "speculators_hybrid": our_version(),
         "plugin_flag": args.plugin,
         "SPECULATORS_HYBRID_DISABLE": engine_env(args.plugin).get("SPECULATORS_HYBRID_DISABLE"),
-        ASYNC_WRITES: os.environ.get(ASYNC_WRITES),  # the engines inherit it
+        ASYNC_WRITES: engine_env(args.plugin, mode).get(ASYNC_WRITES),  # as the engine had it
         "wall_s": time.perf_counter() - t,
     }
     if run.get("kv_cache_tokens"):
@@ -312,69 +397,94 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "n/a" if not a or not b else f"{a / b:.2f}"
 
 
+def workload_text(run: dict[str, Any]) -> str:
+    s, w = run["settings"], run.get("workload")
+    if not w or w["name"] == "fixed":
+        return f"{s['prompts']}x{s['prompt_len']} tok"
+    lo, hi = CHAT_LENGTHS
+    return f"chat mix {w['prompts']} prompts {lo}-{hi} tok (total {w['total_tokens']:,})"
+
+
 def settings_text(run: dict[str, Any]) -> str:
     s = run["settings"]
     graphs = "eager" if s["eager"] else "CUDA graphs"
     if run.get("cuda_graphs_error"):
         graphs = "eager (graphs failed)"
+    writes = run.get(ASYNC_WRITES)
     return (
-        f"{s['prompts']}x{s['prompt_len']} tok, {s['repeats']} passes, {graphs}, "
+        f"{workload_text(run)}, {s['repeats']} passes, {graphs}, "
         f"batch {s['max_num_batched_tokens']}, KV {s['kv_cache_bytes'] / 2**30:g} GiB, "
         f"prefix caching off, ids {','.join(map(str, s['layer_ids']))}, "
         f"files on {run['storage_fs']}"
-        + (", async writes" if run.get(ASYNC_WRITES) in ("1", "true", "yes") else "")
+        + (", async writes" if writes in ("1", "true", "yes") else "")
+        + (f", in-step writes ({ASYNC_WRITES}=0)" if writes == "0" else "")
     )
+
+
+def _cpu(run: dict[str, Any]) -> str:
+    return _num(run.get("engine_cpu_ms_per_step_est"), ",.1f")
 
 
 def table(runs: list[dict[str, Any]]) -> str:
-    """One row per (vLLM, plugin flag, model): plain and extract side by side."""
+    """One row per (vLLM, plugin flag, model, workload) and extraction mode, beside its plain."""
     groups: dict[tuple, dict[str, dict[str, Any]]] = {}
     for run in runs:
-        key = (str(run["vllm"]), run["plugin_flag"], run["model"]["kind"])
+        workload = (run.get("workload") or {}).get("name", "fixed")
+        model = run["model"]
+        key = (
+            str(run["vllm"]),
+            run["plugin_flag"],
+            model["kind"],
+            model.get("size", "?"),
+            workload,
+        )
         groups.setdefault(key, {})[run["mode"]] = run
     head = (
-        "| date | GPU | vLLM | speculators-hybrid (plugin) | model | settings "
+        "| date | GPU | vLLM | speculators-hybrid (plugin) | model | settings | mode "
         "| plain tok/s | extraction tok/s (returned / files) | ratio (returned / files) "
         "| KV tokens plain / extraction (ratio) | KV bytes/token plain / extraction "
-        "| file bytes/token |"
+        "| file bytes/token | files GB/s | engine CPU ms/step plain / extraction (est.) |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 15]
     for key in sorted(groups):
-        plain, ext = groups[key].get("plain", {}), groups[key].get("extract", {})
-        any_run = ext or plain
-        p_rate = plain.get("tokens_per_s_returned")
-        e_ret, e_files = ext.get("tokens_per_s_returned"), ext.get("tokens_per_s_files")
-        kv_p, kv_e = plain.get("kv_cache_tokens"), ext.get("kv_cache_tokens")
-        plugin = ext.get("plugin") or plain.get("plugin") or {}
-        state = plugin.get("state", "?")
-        if plugin.get("patches"):
-            state += ": " + ", ".join(plugin["patches"])
-        errors = [r["name"] for r in (plain, ext) if r.get("error")]
-        model = f"{any_run['model']['kind']}: {any_run['model']['describe']}"
-        if errors:
-            model += f" (FAILED: {', '.join(errors)})"
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    any_run.get("date", "?"),
-                    any_run.get("gpu", "?"),
-                    str(key[0]),
-                    f"{any_run['speculators_hybrid']} ({state})",
-                    model,
-                    settings_text(any_run),
-                    _num(p_rate),
-                    f"{_num(e_ret)} / {_num(e_files)}",
-                    f"{_ratio(e_ret, p_rate)} / {_ratio(e_files, p_rate)}",
-                    f"{_num(kv_p)} / {_num(kv_e)} ({_ratio(kv_e, kv_p)})",
-                    f"{_num(plain.get('kv_bytes_per_token'))} / "
-                    f"{_num(ext.get('kv_bytes_per_token'))}",
-                    _num(ext.get("file_bytes_per_token")),
-                ]
-            )
-            + " |"
-        )
+        plain = groups[key].get("plain", {})
+        extracting = [m for m in MODES if m != "plain" and m in groups[key]]
+        for mode in extracting or ["plain only"]:
+            lines.append(row(key[0], plain, groups[key].get(mode, {}), mode))
     return "\n".join(lines)
+
+
+def row(vllm: str, plain: dict[str, Any], ext: dict[str, Any], mode: str) -> str:
+    any_run = ext or plain
+    p_rate = plain.get("tokens_per_s_returned")
+    e_ret, e_files = ext.get("tokens_per_s_returned"), ext.get("tokens_per_s_files")
+    kv_p, kv_e = plain.get("kv_cache_tokens"), ext.get("kv_cache_tokens")
+    plugin = ext.get("plugin") or plain.get("plugin") or {}
+    state = plugin.get("state", "?")
+    if plugin.get("patches"):
+        state += ": " + ", ".join(plugin["patches"])
+    errors = [r["name"] for r in (plain, ext) if r.get("error")]
+    model = f"{any_run['model']['kind']}: {any_run['model']['describe']}"
+    if errors:
+        model += f" (FAILED: {', '.join(errors)})"
+    cells = [
+        any_run.get("date", "?"),
+        any_run.get("gpu", "?"),
+        vllm,
+        f"{any_run['speculators_hybrid']} ({state})",
+        model,
+        settings_text(any_run),
+        mode,
+        _num(p_rate),
+        f"{_num(e_ret)} / {_num(e_files)}",
+        f"{_ratio(e_ret, p_rate)} / {_ratio(e_files, p_rate)}",
+        f"{_num(kv_p)} / {_num(kv_e)} ({_ratio(kv_e, kv_p)})",
+        f"{_num(plain.get('kv_bytes_per_token'))} / {_num(ext.get('kv_bytes_per_token'))}",
+        _num(ext.get("file_bytes_per_token")),
+        _num(ext.get("files_gb_per_s"), ".2f"),
+        f"{_cpu(plain)} / {_cpu(ext)}",
+    ]
+    return "| " + " | ".join(cells) + " |"
 
 
 # ---------------------------------------------------------------- command line
@@ -387,16 +497,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--work", type=Path, default=Path("/tmp/spec-hybrid-bench"), help="models and files"
     )
     ap.add_argument("--models", nargs="+", choices=KINDS, default=list(KINDS))
-    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=["plain", "extract"])
     ap.add_argument("--size", choices=SIZES, default=SIZES[0], help="models.PRESETS entry")
-    ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=3, help="timed passes (median)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed passes first")
+    ap.add_argument("--workload", choices=WORKLOADS, default="fixed")
+    per_size = "default: per --size (SIZE_DEFAULTS)"
+    ap.add_argument("--prompts", type=int, help=per_size)
+    ap.add_argument("--prompt-len", type=int, help=f"fixed workload; {per_size}")
+    ap.add_argument("--repeats", type=int, help=f"timed passes (median); {per_size}")
+    ap.add_argument("--warmup", type=int, help=f"untimed passes first; {per_size}")
     ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
-    ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--kv-cache-gib", type=float, default=8.0, help="same for every engine")
+    ap.add_argument("--max-num-batched-tokens", type=int, help=per_size)
+    ap.add_argument("--max-model-len", type=int, help=per_size)
+    ap.add_argument("--kv-cache-gib", type=float, help=f"same for every engine; {per_size}")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument(
         "--cuda-graphs",
@@ -410,15 +522,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="off" if os.environ.get("SPECULATORS_HYBRID_DISABLE") == "1" else "on",
         help="off: SPECULATORS_HYBRID_DISABLE=1 in the engines (default: from that variable)",
     )
-    ap.add_argument("--engine-timeout", type=float, default=300.0, help="seconds per engine")
-    ap.add_argument("--file-timeout", type=float, default=20.0, help="seconds to wait for files")
+    ap.add_argument("--engine-timeout", type=float, help=f"seconds per engine; {per_size}")
+    ap.add_argument("--file-timeout", type=float, help=f"seconds to wait for files; {per_size}")
     ap.add_argument("--build-device", default="cuda", help="where to init the random weights")
     ap.add_argument("--table-only", action="store_true", help="print the table of --out")
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # internal: one engine, from a spec
     ap.add_argument("--build", nargs="+", help=argparse.SUPPRESS)  # internal: SIZE WORK DEVICE..
     args = ap.parse_args(argv)
-    if args.prompt_len + 1 > args.max_model_len:
-        ap.error("--max-model-len must exceed --prompt-len")
+    for key, value in SIZE_DEFAULTS.get(args.size, DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    longest = args.prompt_len if args.workload == "fixed" else CHAT_LENGTHS[1]
+    if longest + 1 > args.max_model_len:
+        ap.error(f"--max-model-len must exceed the longest prompt ({longest} tokens)")
     return args
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import fcntl
 import importlib.util
 import json
+import os
 import struct
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,46 @@ def test_defaults_are_the_issue_settings(monkeypatch):
     assert (args.prompts, args.prompt_len, args.warmup) == (64, 512, 1)
     assert args.models == ["control", "hybrid"] and args.modes == ["plain", "extract"]
     assert (args.size, args.cuda_graphs, args.plugin) == ("wide-8l", "auto", "on")
+
+
+def test_the_real_size_has_its_own_defaults():
+    args = bench.parse_args(["--size", "qwen3.6-27b-like"])
+    assert (args.prompts, args.prompt_len, args.repeats, args.warmup) == (64, 2048, 2, 1)
+    assert (args.kv_cache_gib, args.max_model_len, args.max_num_batched_tokens) == (20, 8192, 16384)
+    assert args.engine_timeout == 480 and args.workload == "fixed"
+    given = bench.parse_args(
+        ["--size", "qwen3.6-27b-like", "--repeats", "5", "--kv-cache-gib", "9"]
+    )
+    assert (given.repeats, given.kv_cache_gib, given.prompt_len) == (5, 9, 2048)
+    small = bench.parse_args(["--size", "tiny"])  # the other sizes keep the old defaults
+    assert (small.prompt_len, small.repeats, small.kv_cache_gib, small.engine_timeout) == (
+        512,
+        3,
+        8,
+        300,
+    )
+
+
+def test_chat_prompts_must_fit_the_model_length():
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--workload", "chat"])  # wide-8l: 4096 by default
+    assert bench.parse_args(["--workload", "chat", "--max-model-len", "8192"]).workload == "chat"
+    assert bench.parse_args(["--size", "qwen3.6-27b-like", "--workload", "chat"]).max_model_len == (
+        8192
+    )
+
+
+def test_chat_mix_is_seeded_and_within_bounds():
+    mix = bench.prompt_lengths("chat", 64, 2048)
+    assert mix == bench.prompt_lengths("chat", 64, 2048) != bench.prompt_lengths("chat", 64, 0, 1)
+    assert len(mix) == 64 and all(100 <= n <= 8000 for n in mix)
+    assert min(mix) < 300 and max(mix) > 3000  # spread over the range (log-uniform)
+    assert bench.prompt_lengths("fixed", 3, 7) == [7, 7, 7]
+    info = bench.workload_info("chat", mix)
+    assert info["total_tokens"] == sum(mix) and info["prompts"] == 64
+    assert info["mix"] == "log-uniform 100-8000 tokens, seed 0"
+    assert (info["min"], info["max"]) == (min(mix), max(mix))
+    assert "mix" not in bench.workload_info("fixed", [7, 7])
 
 
 def test_disable_variable_sets_the_plugin_flag(monkeypatch):
@@ -50,6 +93,30 @@ def test_hybrid_is_realistic_width_with_distinct_ids(tmp_path):
     assert text["layer_types"].count("full_attention") == 2
     assert info["layer_ids"] == [2, 4, 5, 8]
     assert "6 GDN + 2 attention" in info["describe"] and info["multimodal"]
+
+
+def test_real_size_is_the_27b_preset(tmp_path):
+    info = bench.model_info("hybrid", "qwen3.6-27b-like")
+    assert (info["layers"], info["hidden"], info["vocab"]) == (64, 5120, 248320)
+    assert info["layer_ids"] == [2, 32, 61, 64] and info["multimodal"]
+    assert "48 GDN + 16 attention layers" in info["describe"]
+    assert "dummy weights" in info["describe"]
+    assert "dummy" not in bench.model_info("hybrid", "wide-8l")["describe"]
+
+
+def test_dummy_models_are_a_config_only(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    size = "qwen3.6-27b-like"
+    bench.ensure_models(list(bench.KINDS), size, tmp_path, "cpu")
+    hybrid = bench.model_folder(tmp_path, "hybrid", size)
+    assert sorted(p.name for p in hybrid.iterdir()) == ["built.json", "config.json"]
+    assert (hybrid / "config.json").read_text() == (
+        write_config(tmp_path / "ref", size, multimodal=True) / "config.json"
+    ).read_text()
+    control = bench.model_folder(tmp_path, "control", size)
+    assert sorted(p.name for p in control.iterdir()) == ["built.json", "config.json"]
+    config = transformers.AutoConfig.from_pretrained(control)
+    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (5120, 64, 248320)
 
 
 def test_control_matches_the_hybrid_width():
@@ -112,6 +179,31 @@ def test_plain_engine_has_no_extraction():
     assert kw["language_model_only"] is True and kw["gdn_prefill_backend"] == "triton"
 
 
+def test_dummy_engine_needs_no_checkpoint_or_tokenizer():
+    for mode in bench.MODES:
+        kw = engine.engine_kwargs(spec(mode) | {"dummy": True}, set())
+        assert (kw["load_format"], kw["skip_tokenizer_init"], kw["dtype"]) == (
+            "dummy",
+            True,
+            "bfloat16",
+        )
+        assert "tokenizer" not in kw and kw["language_model_only"] is True
+        assert ("kv_transfer_config" in kw) == (mode != "plain")
+    kw = engine.engine_kwargs(spec("plain"), set())
+    assert kw["tokenizer"] == "/models/x" and "load_format" not in kw
+    assert "skip_tokenizer_init" not in kw
+
+
+def test_instep_mode_extracts_with_writes_in_the_step(monkeypatch):
+    monkeypatch.setenv(bench.ASYNC_WRITES, "1")
+    assert bench.engine_env("on", "extract-instep")[bench.ASYNC_WRITES] == "0"
+    assert bench.engine_env("on", "extract")[bench.ASYNC_WRITES] == "1"  # inherited
+    monkeypatch.delenv(bench.ASYNC_WRITES)
+    assert bench.ASYNC_WRITES not in bench.engine_env("on", "extract")
+    instep = engine.engine_kwargs(spec("extract-instep"), set())
+    assert instep == engine.engine_kwargs(spec("extract"), set())  # only the variable differs
+
+
 def test_extract_engine_uses_speculators_settings():
     kw = engine.engine_kwargs(spec("extract", "control"), set())
     expected = extraction_args((2, 4, 5, 8), "/tmp/hs")
@@ -123,10 +215,27 @@ def test_extract_engine_uses_speculators_settings():
 
 
 def test_prompts_are_reproducible_and_plain_tokens():
-    a = engine.make_prompts(4, 7, 2048, seed=1)
-    assert a == engine.make_prompts(4, 7, 2048, seed=1) != engine.make_prompts(4, 7, 2048, 2)
+    a = engine.make_prompts([7] * 4, 2048, seed=1)
+    assert a == engine.make_prompts([7] * 4, 2048, seed=1) != engine.make_prompts([7] * 4, 2048, 2)
     assert [len(p) for p in a] == [7] * 4
     assert all(1 <= t <= 2048 - 5 for p in a for t in p)
+    assert [len(p) for p in engine.make_prompts([3, 100, 1], 2048, 0)] == [3, 100, 1]
+
+
+def test_cpu_seconds_cover_the_children(tmp_path):
+    before = engine.cpu_seconds(os.getpid())
+    busy = "import time\nt = time.time()\nwhile time.time() - t < 0.5: pass\ntime.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        time.sleep(1.5)
+        assert child.pid in engine.cpu_seconds(os.getpid())
+        used = engine.cpu_used(before, os.getpid())
+        assert used["engine"] > 0.01 and used["frontend"] >= 0
+    finally:
+        child.kill()
+        child.wait()
+    assert engine.median_of([{"x": 1}, {"x": 3}, {"x": 2}], lambda r: r["x"]) == 2
+    assert engine.median_of([{"x": 1}, {"x": None}], lambda r: r["x"]) is None
 
 
 # ---------------------------------------------------------------- files
@@ -229,7 +338,7 @@ def fake_run(mode: str, rate: float, kv: int, **extra) -> dict:
     info = bench.model_info("hybrid", "wide-8l")
     return {
         "kind": bench.KIND,
-        "name": f"vllm0.20.1-plugin-on-hybrid-{mode}",
+        "name": f"vllm0.20.1-plugin-on-hybrid-{mode}",  # the old names: read as they are
         "date": "2026-11-29",
         "gpu": "NVIDIA H200",
         "vllm": "0.20.1",
@@ -267,7 +376,7 @@ def test_table_pairs_plain_and_extraction(tmp_path):
     (tmp_path / "x.engine.json").write_text("{")  # unreadable: ignored
     text = bench.table(bench.load_runs(tmp_path))
     head, rule, row = text.splitlines()
-    assert head.count("|") == rule.count("|") == row.count("|") == 13
+    assert head.count("|") == rule.count("|") == row.count("|") == 16
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:4] == [
         "2026-11-29",
@@ -278,13 +387,43 @@ def test_table_pairs_plain_and_extraction(tmp_path):
     assert cells[4].startswith("hybrid: Qwen3.5 layout, 6 GDN + 2 attention layers, hidden 4096")
     assert "64x512 tok" in cells[5] and "CUDA graphs" in cells[5] and "KV 8 GiB" in cells[5]
     assert cells[6:] == [
+        "extract",
         "100,000",
         "60,000 / 50,000",
         "0.60 / 0.50",
         "1,000,000 / 200,000 (0.20)",
         "8,590 / 42,950",
         "32,776",
+        "n/a",  # older runs: no GB/s, no CPU time
+        "n/a / n/a",
     ]
+
+
+def test_table_has_a_row_per_extraction_mode():
+    chat = {"name": "chat", "prompts": 64, "total_tokens": 123456, "mix": "log-uniform"}
+    new = dict(workload=chat, files_gb_per_s=3.456)
+    runs = [
+        fake_run("plain", 1e5, 1000000, workload=chat, engine_cpu_ms_per_step_est=12.34),
+        fake_run("extract", 9e4, 200000, tokens_per_s_files=8e4, **new),
+        fake_run("extract-instep", 3e4, 200000, tokens_per_s_files=3e4, **new)
+        | {"engine_cpu_ms_per_step_est": 56.78, bench.ASYNC_WRITES: "0"},
+        fake_run("plain", 2e5, 1000000),  # another workload: a row of its own
+    ]
+    lines = bench.table(runs).splitlines()
+    assert len(lines) == 5
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    chat_rows = [r for r in rows if "chat mix" in r[5]]
+    assert [r[6] for r in chat_rows] == ["extract", "extract-instep"]
+    extract, instep = chat_rows
+    assert "chat mix 64 prompts 100-8000 tok (total 123,456)" in extract[5]
+    assert "in-step" not in extract[5] and instep[5].endswith(
+        "in-step writes (SPECULATORS_HYBRID_ASYNC_WRITES=0)"
+    )
+    assert (extract[9], instep[9]) == ("0.90 / 0.80", "0.30 / 0.30")  # against the chat plain
+    assert (extract[13], instep[13]) == ("3.46", "3.46")
+    assert (extract[14], instep[14]) == ("12.3 / n/a", "12.3 / 56.8")
+    fixed = [r for r in rows if "64x512 tok" in r[5]]
+    assert len(fixed) == 1 and fixed[0][6] == "plain only" and fixed[0][7] == "200,000"
 
 
 def test_table_says_when_files_were_written_off_the_step():
@@ -299,7 +438,7 @@ def test_table_marks_failures_and_missing_numbers():
     row = bench.table([failed]).splitlines()[2]
     assert "FAILED: vllm0.20.1-plugin-on-hybrid-extract" in row
     assert "eager (graphs failed)" in row
-    assert "| n/a | n/a / n/a | n/a / n/a | n/a / n/a (n/a) | n/a / n/a | n/a |" in row
+    assert "| n/a | n/a / n/a | n/a / n/a | n/a / n/a (n/a) | n/a / n/a | n/a | n/a |" in row
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="would start vLLM")
