@@ -44,17 +44,10 @@ FIND_LINKS = os.environ.get("PIP_FIND_LINKS", "/opt/wheels")
 
 PYTEST = "pytest -q -p no:cacheprovider"
 LAUNCH_WITH_VLLM = "tests/unit/test_launch_vllm.py"  # the unit tests that need vLLM itself
+# What differs with speculators installed: its models and loaders, the speculators diffs, `run`.
+# (The launcher and `check` tests do not use speculators: the unit and check envs run them.)
 SPECULATORS_TESTS = " ".join(
-    (
-        "tests/speculators",
-        "tests/upstream/test_patched_speculators.py",
-        "tests/unit/test_check.py",
-        "tests/unit/test_run.py",
-        "tests/unit/test_launch_generations.py",
-        "tests/unit/test_launch_builtin.py",
-        "tests/unit/test_launch_exec.py",
-        "tests/unit/test_launch_vllm.py",
-    )
+    ("tests/speculators", "tests/upstream/test_patched_speculators.py", "tests/unit/test_run.py")
 )
 
 

@@ -37,6 +37,7 @@ def test_every_release_has_an_env_that_installs_it_from_its_lock():
 def test_a_stale_tox_ini_is_reported(tmp_path, monkeypatch):
     matrix = _matrix()
     (tmp_path / "tox.ini").write_text(matrix.tox_ini().replace("vllm-0.24.0", "vllm024"))
+    (tmp_path / "README.md").write_text((matrix.ROOT / "README.md").read_text())
     monkeypatch.setattr(matrix, "ROOT", tmp_path)
     assert any("tox.ini differs" in p for p in matrix.problems())
 

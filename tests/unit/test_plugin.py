@@ -46,7 +46,8 @@ FROM_022 = {
     "no-prefix-caching-for-hybrid-extraction",
     "hidden-states-provenance",
 }
-HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.28: the connector-hit path
+HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
+RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2
 
 
 @pytest.mark.parametrize(
@@ -60,7 +61,7 @@ HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.28: the connector-h
             EVERY | FROM_022 | {"hidden-states-pad-slots", "hidden-states-read-slots"} | HIT,
         ),
         ("0.25.0", EVERY | FROM_022 | HIT),
-        ("0.29.0", (EVERY - {"qwen3_5-text-only-models"}) | FROM_022),
+        ("0.29.0", (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1),
     ],
 )
 def test_each_vllm_version_selects_the_patches_it_needs(version, expected):
