@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PATCHER, model_dir, vllm_patches
+from conftest import NO_CHUNKED_PREFILL, PATCHER, model_dir, vllm_patches
 from test_layer_zero import QWEN3
 
 from speculators_hybrid.fingerprint import _function_of, resolve
@@ -32,9 +32,14 @@ cpu.prepare()
 from vllm.plugins import load_general_plugins
 load_general_plugins()
 from speculators_hybrid.plugin import PATCHER
-setups = json.loads(sys.argv[1])
+setups, no_chunked = json.loads(sys.argv[1]), sys.argv[2] == "1"
 for name, model, ids in setups:
-    setup = planning.Setup(model=model, layer_ids=tuple(ids) if ids else None, max_model_len=1024)
+    # vLLM 0.22.x's connector refuses chunked prefill (conftest.NO_CHUNKED_PREFILL)
+    chunked = False if no_chunked and ids else None
+    setup = planning.Setup(
+        model=model, layer_ids=tuple(ids) if ids else None, max_model_len=1024,
+        chunked_prefill=chunked,
+    )
     try:
         planning.engine_config(setup)
         print(name, "BUILT")
@@ -82,7 +87,7 @@ def probe(path: Path, setups: list[tuple[str, str, tuple[int, ...] | None]]) -> 
     env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
     env["SPECULATORS_HYBRID_DISABLE"] = ""
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(setups)],
+        [sys.executable, "-c", PROBE, json.dumps(setups), "1" if NO_CHUNKED_PREFILL else "0"],
         env=env,
         capture_output=True,
         text=True,
