@@ -26,12 +26,18 @@ from vllm.plugins import load_general_plugins  # noqa: E402
 load_general_plugins()  # vLLM's own loader, once per process: our entry point arms PATCHER
 
 from speculators_hybrid import planning  # noqa: E402
+from speculators_hybrid.launcher.adjust import STOCK_REFUSES_CHUNKED  # noqa: E402
 from speculators_hybrid.models import write_config  # noqa: E402
 from speculators_hybrid.plugin import PATCHER, vllm_patches  # noqa: E402
+from speculators_hybrid.registry import base_version  # noqa: E402
 
-# vLLM 0.22.x refuses ExampleHiddenStatesConnector with chunked prefill (config/vllm.py); Mamba
-# prefix caching ("align" mode) needs chunked prefill, so 0.22.x cannot cache hybrid prefixes.
-NO_CHUNKED_PREFILL = (PATCHER.version_of("vllm") or "").startswith("0.22.")
+# vLLM 0.22-0.23 refuse ExampleHiddenStatesConnector with chunked prefill (config/vllm.py); Mamba
+# prefix caching ("align" mode) needs chunked prefill, so they cannot cache hybrid prefixes.
+NO_CHUNKED_PREFILL = (
+    STOCK_REFUSES_CHUNKED[0]
+    <= base_version(PATCHER.version_of("vllm") or "0")
+    < STOCK_REFUSES_CHUNKED[1]
+)
 
 # vLLM with our diffs in its source (patches/vllm, tests/upstream): the fix is vLLM's own, the
 # shim stays off, and tests marked `shim_only` (the shim's machinery, our connector class, how
@@ -60,7 +66,6 @@ if PATCHED_VLLM:
     from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
 
     from speculators_hybrid import upstream
-    from speculators_hybrid.registry import base_version
     from speculators_hybrid.vllm_patches import spec
 
     spec.HiddenStatesCacheSpec = HiddenStateCacheSpec  # type: ignore[misc]
