@@ -15,6 +15,7 @@ from speculators_hybrid.vllm_patches import (
     prefix_caching,
     prefix_hit,
     provenance,
+    runner_v1,
     text_only,
 )
 
@@ -30,6 +31,7 @@ PATCHES: tuple[Patch, ...] = (
     provenance.PATCH,
     extraction_input.PATCH,
     layer_zero.PATCH,
+    runner_v1.PATCH,
     text_only.PATCH,  # registers architectures (model_registration), wraps nothing
     own_page.PATCH,  # after the patches it wraps on top of (get_kv_cache_groups); keep last
 )

@@ -127,7 +127,7 @@ def _check_after_post_init(wrapped: Any, instance: Any, args: tuple, kwargs: dic
 PATCH = Patch(
     id="check-extraction-input",
     project="vllm",
-    versions=">=0.20.1",
+    versions=">=0.20",
     fixed_upstream="none yet",
     why=__doc__ or "",
     targets=(
@@ -135,15 +135,19 @@ PATCH = Patch(
             "vllm.config.speculative",
             "SpeculativeConfig.__post_init__",
             _check_after_post_init,
-            # 0.20.1, 0.21.0, 0.22.1, 0.24.0, 0.25.0, 0.29.0, 0.33.0
             (
-                "a73a0723c62a5b2a",
-                "069583357bb1a492",
-                "539fee17d0e9689a",
-                "49766bfc46a01b6d",
-                "bf9f6587518cdb7b",
-                "5d7008579a74859f",
-                "5effd4415ba14e4e",
+                "a73a0723c62a5b2a",  # 0.20.0-0.20.2
+                "069583357bb1a492",  # 0.21.0
+                "539fee17d0e9689a",  # 0.22.0-0.22.1
+                "49766bfc46a01b6d",  # 0.23.0-0.24.0
+                "bf9f6587518cdb7b",  # 0.25.0-0.25.1
+                "5d7008579a74859f",  # 0.29.0
+                "5effd4415ba14e4e",  # 0.33.0
+                "72abd718b530fc73",  # 0.26.0
+                "af82ccfee816c548",  # 0.27.0-0.27.1
+                "8161a9c20dc72555",  # 0.28.0
+                "f22a3a810cce4670",  # 0.30.0
+                "98e42cf8771df354",  # 0.31.0-0.32.0
             ),
         ),
     ),

@@ -83,10 +83,10 @@ def _manager(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 PATCH = Patch(
     id="hidden-states-own-group",
     project="vllm",
-    versions=">=0.20.1,<0.22",
+    versions=">=0.20,<0.22",
     fixed_upstream="vLLM PR 39949, released in 0.22.0",
     why=__doc__ or "",
-    # Fingerprints: the same code in 0.20.1 and 0.21.0.
+    # Fingerprints: the same code in 0.20.0-0.20.2 and 0.21.0.
     targets=(
         Target(
             MODELS, "CacheOnlyAttentionLayer.get_kv_cache_spec", _marked_spec, ("330c04e278e22b82",)
@@ -97,7 +97,7 @@ PATCH = Patch(
             CONFIG,
             "VllmConfig.validate_block_size",
             restore_engine_block,
-            ("2fbcd62a2770eb21", "154d40b568da2567"),  # 0.20.1, 0.21.0
+            ("2fbcd62a2770eb21", "154d40b568da2567"),  # 0.20.0-0.20.2, 0.21.0
         ),
     ),
 )

@@ -78,6 +78,6 @@ PAD_PATCH = Patch(
     versions=">=0.22,<0.25",
     fixed_upstream="vLLM 0.25.0 (padding slots clamped to the null block)",
     why=__doc__ or "",
-    # The same code in 0.22.1, 0.23.0 (read in its wheel) and 0.24.0.
+    # The same code in 0.22.0-0.24.0.
     targets=(Target(MODELS, "basic_cache", _store, ("e30f09c5488f3249",)),),
 )

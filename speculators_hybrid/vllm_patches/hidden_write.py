@@ -55,10 +55,10 @@ def _own_slots(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 PATCH = Patch(
     id="hidden-states-write-slots",
     project="vllm",
-    versions=">=0.20.1,<0.22",
+    versions=">=0.20,<0.22",
     fixed_upstream="vLLM PR 39949, released in 0.22.0",
     why=__doc__ or "",
-    # Fingerprints: the same code in 0.20.1 and 0.21.0.
+    # Fingerprints: the same code in 0.20.0-0.20.2 and 0.21.0.
     targets=(
         Target(MODELS, "basic_cache", _store, ("f358f62a5526500c",)),
         Target(PROPOSER, "ExtractHiddenStatesProposer.propose", _own_slots, ("8fd89e7ab4df0b60",)),

@@ -61,7 +61,7 @@ def _before_post_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) ->
 PATCH = Patch(
     id="keep-hma-for-extraction",
     project="vllm",
-    versions=">=0.20.1,<0.22",
+    versions=">=0.20,<0.22",
     fixed_upstream="vLLM PR 39949, released in 0.22.0",
     why=__doc__ or "",
     targets=(
@@ -69,7 +69,7 @@ PATCH = Patch(
             module="vllm.config.vllm",
             attr="VllmConfig.__post_init__",
             wrapper=_before_post_init,
-            fingerprints=("802c9999fd991f14", "ea59cc078b35dc5f"),  # 0.20.1, 0.21.0
+            fingerprints=("802c9999fd991f14", "ea59cc078b35dc5f"),  # 0.20.0-0.20.2, 0.21.0
         ),
     ),
 )

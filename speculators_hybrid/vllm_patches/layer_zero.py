@@ -7,7 +7,7 @@ there is no residual yet and it appends the embedding tensor itself, not a copy.
 decoder layer keeps that same tensor as its residual, and vLLM's `RMSNorm` (Llama, Qwen2,
 Qwen3, ...) adds every layer into the residual in place (`fused_add_rms_norm`), so after the
 final norm "id 0" holds the final pre-norm state: id 0 came back equal to id n (seen on an H200
-with vLLM 0.20.1). The aliasing is in every release 0.20.1-0.33.0. Qwen3.5 / Qwen3-Next use
+with vLLM 0.20.1). The aliasing is in every release 0.20.0-0.33.0. Qwen3.5 / Qwen3-Next use
 `GemmaRMSNorm`, whose residual add is out of place there, so the alias is latent for them;
 a future in-place kernel would expose it.
 How: when the aux layers are set (`EagleModelMixin._set_aux_hidden_state_layers`, which
@@ -65,7 +65,7 @@ def _after_set_layers(wrapped: Any, instance: Any, args: tuple, kwargs: dict) ->
 PATCH = Patch(
     id="layer-zero-is-embeddings",
     project="vllm",
-    versions=">=0.20.1",
+    versions=">=0.20",
     fixed_upstream="none yet",
     why=__doc__ or "",
     targets=(
@@ -73,13 +73,13 @@ PATCH = Patch(
             INTERFACES,
             "EagleModelMixin._set_aux_hidden_state_layers",
             _after_set_layers,
-            ("eff100be7c387dd9", "54590fdc3934f89b"),  # 0.20.1-0.29.0, 0.33.0
+            ("eff100be7c387dd9", "54590fdc3934f89b"),  # 0.20.0-0.29.0, 0.30.0-0.33.0
         ),
         Target(
             QWEN3_5,
             "Qwen3_5ForCausalLMBase.set_aux_hidden_state_layers",
             _after_set_layers,
-            ("445fa3c254ff474d",),  # 0.20.1-0.33.0
+            ("445fa3c254ff474d",),  # 0.20.0-0.33.0
         ),
     ),
 )

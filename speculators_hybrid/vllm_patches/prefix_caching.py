@@ -9,7 +9,7 @@ gains little from prefix caching (each prompt is read once).
 How: before vLLM builds its config, an `extract_hidden_states` run on a hybrid model gets
 `enable_prefix_caching=False`, with a log line saying why. On vLLM 0.20-0.21 our own
 connector path keeps prefix caching on: there it was measured correct (tests/gpu).
-Root cause (vLLM 0.24-0.28), found since: the scheduler resumed a hit where the attention
+Root cause (vLLM 0.24-0.26), found since: the scheduler resumed a hit where the attention
 layers had state but the GDN layers had not; hidden-states-consistent-prefix-hit (prefix_hit.py)
 fixes that. This patch stays until a GPU run shows matching hidden states with the fix.
 Upstream: none yet.
@@ -49,13 +49,19 @@ PATCH = Patch(
             "vllm.config.vllm",
             "VllmConfig.__post_init__",
             _caching_off,
-            # 0.22.1, 0.24.0, 0.25.0, 0.29.0, 0.33.0
             (
-                "001a72ffb02dddaf",
-                "a0518c753537dae1",
-                "ed3a733f270eba53",
-                "38fbe3c6e8976849",
-                "664c26a2b4f177f6",
+                "001a72ffb02dddaf",  # 0.22.0-0.22.1
+                "a0518c753537dae1",  # 0.24.0
+                "ed3a733f270eba53",  # 0.25.0-0.25.1
+                "38fbe3c6e8976849",  # 0.29.0
+                "664c26a2b4f177f6",  # 0.33.0
+                "8583df23984206bf",  # 0.23.0
+                "393699e663fc0710",  # 0.26.0
+                "d6977c46ecfcd821",  # 0.27.0-0.27.1
+                "1969c7f5d3ea7f03",  # 0.28.0
+                "eae90b3ca094c338",  # 0.30.0
+                "f7c2967b5256a6a3",  # 0.31.0
+                "7623a01408c594f0",  # 0.32.0
             ),
         ),
     ),

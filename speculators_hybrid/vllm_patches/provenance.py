@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import weakref
 from typing import Any
 
@@ -40,6 +41,7 @@ CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_
 Settings = tuple[dict[str, str] | None, bool]
 # Per connector, made once: hashing the model config for every file cost writer-thread GIL time.
 _settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
+_settings_lock = threading.Lock()  # the writer threads of one connector start together
 
 
 def writer_settings() -> Settings:
@@ -52,16 +54,17 @@ def writer_settings() -> Settings:
     if not has_kv_transfer_group():
         return None, guard_enabled(lambda key, default: default)
     connector = get_kv_transfer_group()
-    if (known := _settings.get(connector)) is not None:
-        return known
-    guard = guard_enabled(connector._kv_transfer_config.get_from_extra_config)
-    try:
-        settings: Settings = (provenance(connector._vllm_config), guard)
-    except Exception as exc:  # noqa: BLE001 (never lose the data for its label)
-        logger.warning("speculators-hybrid: no provenance for hidden-state files: %r", exc)
-        settings = (None, guard)
-    _settings[connector] = settings
-    return settings
+    with _settings_lock:
+        if (known := _settings.get(connector)) is not None:
+            return known
+        guard = guard_enabled(connector._kv_transfer_config.get_from_extra_config)
+        try:
+            settings: Settings = (provenance(connector._vllm_config), guard)
+        except Exception as exc:  # noqa: BLE001 (never lose the data for its label)
+            logger.warning("speculators-hybrid: no provenance for hidden-state files: %r", exc)
+            settings = (None, guard)
+        _settings[connector] = settings
+        return settings
 
 
 def _write_with_provenance(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:
@@ -93,7 +96,7 @@ PATCH = Patch(
             CONNECTOR,
             "ExampleHiddenStatesConnector._write_tensors",
             _write_with_provenance,
-            # The same code in 0.22.1, 0.23.0 (read in its wheel), 0.24.0, 0.25.0, 0.29.0, 0.33.0.
+            # The same code in every release 0.22.0-0.33.0.
             ("ce3411c23a4b53e5",),
         ),
     ),

@@ -1,6 +1,6 @@
 """Text-only Qwen3.5 checkpoints (`qwen3_5_text`, `qwen3_5_moe_text`) on vLLM < 0.27.
 
-Why: vLLM 0.20.1-0.26.x defines `Qwen3_5ForCausalLM` and `Qwen3_5MoeForCausalLM` in
+Why: vLLM 0.20.0-0.26.x defines `Qwen3_5ForCausalLM` and `Qwen3_5MoeForCausalLM` in
 `qwen3_5.py` but does not register them. The registry then swaps the `ForCausalLM` suffix for
 `ForConditionalGeneration` (`_ModelRegistry._normalize_arch`) and builds the multimodal model,
 whose processor rejects the text config ("Invalid type of HuggingFace config. Expected ...

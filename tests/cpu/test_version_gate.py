@@ -10,67 +10,50 @@ from speculators_hybrid.registry import base_version
 PROVENANCE = "hidden-states-provenance"  # upstream's connector writes from 0.22
 TEXT_ONLY = "qwen3_5-text-only-models"  # vLLM registers the classes from 0.27
 OWN_PAGE = "hidden-states-own-page-size"  # every release so far
-PREFIX_HIT = "hidden-states-consistent-prefix-hit"  # the connector-hit path of 0.24-0.28
+PREFIX_HIT = "hidden-states-consistent-prefix-hit"  # the connector-hit path of 0.24-0.26
+PAD_SLOTS = "hidden-states-pad-slots"  # 0.22-0.24; 0.25.0 clamps padding to the null block
+READ_SLOTS = "hidden-states-read-slots"  # 0.24.x only
+RUNNER_V1 = "hybrid-extraction-on-model-runner-v1"  # 0.29+ pick Model Runner V2
+BEFORE_022 = {
+    TEXT_ONLY,
+    "keep-hma-for-extraction",
+    "hidden-states-own-group",
+    "hidden-states-write-slots",
+    OWN_PAGE,
+}
+FROM_022 = {
+    PROVENANCE,
+    "hidden-block-divides-engine-block",
+    "no-prefix-caching-for-hybrid-extraction",
+    OWN_PAGE,
+}
 
 # vLLM release -> the patches it needs (the table README.md shows).
 NEEDED = {
-    "0.20.1": {
-        TEXT_ONLY,
-        "keep-hma-for-extraction",
-        "hidden-states-own-group",
-        "hidden-states-write-slots",
-        OWN_PAGE,
-    },
-    "0.21.0": {
-        TEXT_ONLY,
-        "keep-hma-for-extraction",
-        "hidden-states-own-group",
-        "hidden-states-write-slots",
-        OWN_PAGE,
-    },
-    "0.22.1": {
-        TEXT_ONLY,
-        PROVENANCE,
-        "hidden-states-pad-slots",
-        "hidden-block-divides-engine-block",
-        "no-prefix-caching-for-hybrid-extraction",
-        OWN_PAGE,
-    },
-    "0.24.0": {
-        TEXT_ONLY,
-        PROVENANCE,
-        "hidden-states-pad-slots",
-        "hidden-states-read-slots",
-        "hidden-block-divides-engine-block",
-        "no-prefix-caching-for-hybrid-extraction",
-        PREFIX_HIT,
-        OWN_PAGE,
-    },
-    "0.25.0": {
-        TEXT_ONLY,
-        PROVENANCE,
-        "hidden-block-divides-engine-block",
-        "no-prefix-caching-for-hybrid-extraction",
-        PREFIX_HIT,
-        OWN_PAGE,
-    },
-    "0.29.0": {
-        PROVENANCE,
-        "hidden-block-divides-engine-block",
-        "no-prefix-caching-for-hybrid-extraction",
-        OWN_PAGE,
-    },
-    "0.33.0": {
-        PROVENANCE,
-        "hidden-block-divides-engine-block",
-        "no-prefix-caching-for-hybrid-extraction",
-        OWN_PAGE,
-    },
+    "0.20.0": BEFORE_022,
+    "0.20.1": BEFORE_022,
+    "0.20.2": BEFORE_022,
+    "0.21.0": BEFORE_022,
+    "0.22.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS},
+    "0.22.1": FROM_022 | {TEXT_ONLY, PAD_SLOTS},
+    "0.23.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS},  # reads as 0.22 does: no READ_SLOTS
+    "0.24.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, READ_SLOTS, PREFIX_HIT},
+    "0.25.0": FROM_022 | {TEXT_ONLY, PREFIX_HIT},
+    "0.25.1": FROM_022 | {TEXT_ONLY, PREFIX_HIT},
+    "0.26.0": FROM_022 | {TEXT_ONLY, PREFIX_HIT},
+    # 0.27.0 registers the text-only classes and reconciles a diverged per-group hit
+    "0.27.0": FROM_022,
+    "0.27.1": FROM_022,
+    "0.28.0": FROM_022,
+    "0.29.0": FROM_022 | {RUNNER_V1},
+    "0.30.0": FROM_022 | {RUNNER_V1},
+    "0.31.0": FROM_022 | {RUNNER_V1},
+    "0.32.0": FROM_022 | {RUNNER_V1},
+    "0.33.0": FROM_022 | {RUNNER_V1},
 }
 # Needed on every release in the table (no upstream fix yet).
 EVERY_RELEASE = {"check-extraction-input", "layer-zero-is-embeddings"}
-for _needed in NEEDED.values():
-    _needed |= EVERY_RELEASE
+NEEDED = {release: needed | EVERY_RELEASE for release, needed in NEEDED.items()}
 
 
 def test_installed_vllm_selects_exactly_its_patches():
