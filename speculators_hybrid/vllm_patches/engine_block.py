@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
+from speculators_hybrid.vllm_patches.own_page import GROUPS_PRINTS
 
 # id(CacheConfig) -> the engine block size without the hidden-state group, per process.
 ENGINE_BLOCK: dict[int, int] = {}
@@ -74,15 +75,7 @@ PATCH = Patch(
             UTILS,
             "get_kv_cache_groups",
             _refit_hidden_group,
-            (
-                "f7ed141114e6a019",  # 0.22.0-0.26.0
-                "041259e3e0196296",  # 0.29.0
-                "8db53be9beed11c2",  # 0.27.0-0.27.1
-                "ecaf4c3a55f66a83",  # 0.28.0
-                "e1cc80b67cd5a618",  # 0.30.0
-                "7e1735bb593bf3ad",  # 0.31.0
-                "3c5120319ade9011",  # 0.32.0
-            ),
+            GROUPS_PRINTS,
             versions="<0.33",
         ),
         Target(

@@ -63,6 +63,17 @@ def _split(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
 UTILS = "vllm.v1.core.kv_cache_utils"
 PLANNING = "vllm.v1.core.kv_cache_planning"
+# `get_kv_cache_groups` before 0.33 (kv_cache_utils), from 0.22.0; hidden-block-divides-engine-block
+# wraps it too
+GROUPS_PRINTS = (
+    "f7ed141114e6a019",  # 0.22.0-0.26.0
+    "8db53be9beed11c2",  # 0.27.0-0.27.1
+    "ecaf4c3a55f66a83",  # 0.28.0
+    "041259e3e0196296",  # 0.29.0
+    "e1cc80b67cd5a618",  # 0.30.0
+    "7e1735bb593bf3ad",  # 0.31.0
+    "3c5120319ade9011",  # 0.32.0
+)
 
 PATCH = Patch(
     id="hidden-states-own-page-size",
@@ -75,16 +86,7 @@ PATCH = Patch(
             UTILS,
             "get_kv_cache_groups",
             _split,
-            (
-                "338345488d4bac62",  # 0.20.0-0.21.0
-                "f7ed141114e6a019",  # 0.22.0-0.26.0
-                "041259e3e0196296",  # 0.29.0
-                "8db53be9beed11c2",  # 0.27.0-0.27.1
-                "ecaf4c3a55f66a83",  # 0.28.0
-                "e1cc80b67cd5a618",  # 0.30.0
-                "7e1735bb593bf3ad",  # 0.31.0
-                "3c5120319ade9011",  # 0.32.0
-            ),
+            ("338345488d4bac62", *GROUPS_PRINTS),  # and 0.20.0-0.21.0
             versions="<0.33",
         ),
         Target(PLANNING, "get_kv_cache_groups", _split, ("df8b1daaff24dd98",), versions=">=0.33"),
