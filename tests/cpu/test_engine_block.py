@@ -12,7 +12,7 @@ from speculators_hybrid import planning
 pytestmark = [
     needs("hidden-block-divides-engine-block"),
     pytest.mark.skipif(
-        NO_CHUNKED_PREFILL, reason="vLLM 0.22.x: no prefix caching for hybrid extraction"
+        NO_CHUNKED_PREFILL, reason="vLLM 0.22-0.23: no prefix caching for hybrid extraction"
     ),
 ]
 

@@ -81,7 +81,7 @@ def test_what_is_allocated_is_what_is_planned(shim, tp):
     assert (spec.block_size + 1) * per_token > page  # as many tokens as fit (caching off)
 
 
-@pytest.mark.skipif(NO_CHUNKED_PREFILL, reason="vLLM 0.22.x: scheduler built without chunking")
+@pytest.mark.skipif(NO_CHUNKED_PREFILL, reason="vLLM 0.22-0.23: scheduler built without chunking")
 def test_scheduler_never_hands_out_more_than_the_pool(shim):
     """The real scheduler runs more prompts than the pool holds at once: every
     block id it hands out, in every group, is distinct and inside the allocation, the hidden
