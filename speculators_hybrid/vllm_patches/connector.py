@@ -12,8 +12,8 @@ appears atomically (written aside, then renamed) while an exclusive `flock` is h
 (`kv_connector_extra_config["refuse_bad_hidden_states"]` or `SPECULATORS_HYBRID_REFUSE_BAD=1`):
 a file with NaN/Inf or all-zero token rows is not written; the request's
 `kv_transfer_params` then carry no path and a `hidden_states_error` saying why.
-Files are written inside the engine step unless `async_writes` is asked for (writer.py): then
-from writer threads, the lock taken before the step ends (not with the guard on).
+Files are written from writer threads, the lock taken before the step ends (writer.py), unless
+`async_writes` is false or the guard is on: then inside the step.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         )
         self._prompts: dict[str, _Prompt] = {}
         self._guard = guard_enabled(self._kv_transfer_config.get_from_extra_config)
-        self._writer: FileWriter | None = None  # files written off the step (opt-in)
+        self._writer: FileWriter | None = None  # None: files written inside the step
         if async_enabled(self._kv_transfer_config.get_from_extra_config) and not self._guard:
             self._writer = FileWriter()
         self._layer: str | None = None

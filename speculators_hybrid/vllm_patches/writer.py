@@ -1,27 +1,30 @@
-"""Hidden-state files written off the engine step (opt-in; our connector, vLLM < 0.22).
+"""Hidden-state files written off the engine step (our connector, vLLM < 0.22): the default.
 
-Why: the connector wrote each file inside the engine step (copy to the host, serialize,
-write), which held extraction to 0.30x of plain prefill on an H200 (benchmarks/results).
+Why: a file written inside the engine step (copy to the host, serialize, write) holds
+extraction to 0.71x of plain prefill on an H200 at Qwen3.6-27B size (benchmarks/results).
 How: the step only gathers the rows on the GPU, queues their copy into pinned host memory
 and takes `<path>.lock`; a thread waits for the copy, writes the file aside, renames it into
-place and releases the lock, as vLLM >= 0.22's own connector does. Readers that wait on the
-lock (speculators >= 0.6) see whole files; speculators 0.5.0 reads without waiting and could
-find no file yet, hence opt-in: `kv_connector_extra_config["async_writes"]` or
-`SPECULATORS_HYBRID_ASYNC_WRITES=1`. The opt-in guard against bad rows keeps the in-step
-write (its verdict must be known before the request finishes).
+place and releases the lock, as vLLM >= 0.22's own connector does.
+Who may read: a reader that waits on the lock (speculators >= 0.6, `vllm.LLM` through
+llm_wait.py) sees a whole file or none. speculators 0.5.0 reads without waiting, so
+`speculators-hybrid launch` turns these writes off where it is installed; by hand:
+`kv_connector_extra_config["async_writes"] = false` or `SPECULATORS_HYBRID_ASYNC_WRITES=0`.
+The opt-in guard against bad rows keeps the in-step write (its verdict must be known before
+the request finishes).
 """
 
 from __future__ import annotations
 
 import fcntl
 import logging
+import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
 
 import torch
 
-from speculators_hybrid.vllm_patches.provenance_meta import opted_in, save_whole
+from speculators_hybrid.vllm_patches.provenance_meta import save_whole
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
@@ -30,7 +33,11 @@ ASYNC_KEY = "async_writes"  # in kv_connector_extra_config
 
 
 def async_enabled(extra_config: Any) -> bool:
-    return opted_in(extra_config, ASYNC_KEY, ASYNC_ENV)
+    """On unless `async_writes` is false in the extra config or the variable is 0/false/no."""
+    off = ("0", "false", "no")
+    if str(os.environ.get(ASYNC_ENV, "")).strip().lower() in off:
+        return False
+    return str(extra_config(ASYNC_KEY, True)).strip().lower() not in off
 
 
 class FileWriter:

@@ -51,7 +51,7 @@ SHIM_ONLY = (  # existing tests of that kind, by name
     "test_guard_turns_a_refused_file_into_a_request_error",
     "test_worker_writes_the_file_speculators_reads",
     "test_async_writes_return_first_and_readers_wait_for_whole_files",  # our connector's writer
-    "test_async_writes_are_opt_in_and_the_guard_keeps_them_in_the_step",
+    "test_writes_are_off_the_step_by_default",
     "test_guard_refuses_nan_or_all_zero_rows",
     "test_stock_store_cannot_write_a_padded_view",
     "test_loader_switches",

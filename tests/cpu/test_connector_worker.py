@@ -47,6 +47,9 @@ def test_worker_writes_the_file_speculators_reads(shim, tmp_path):
     connector.save_kv_layer("model.layers.3.self_attn.attn", cache, None)  # not ours: ignored
     assert not os.path.exists(path)
     connector.save_kv_layer(name, cache, None)
+    with open(f"{path}.lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as speculators' reader: wait for the writer
+    connector.shutdown()
 
     data = load_file(path)
     with safe_open(path, "pt") as f:
@@ -152,20 +155,30 @@ def test_async_writes_return_first_and_readers_wait_for_whole_files(shim, tmp_pa
     )
 
 
-@pytest.mark.parametrize("opt_in", ["extra_config", "env", "guard_wins", "off"])
-def test_async_writes_are_opt_in_and_the_guard_keeps_them_in_the_step(
-    shim, tmp_path, monkeypatch, opt_in
-):
+@pytest.mark.parametrize(
+    ("setting", "off_the_step"),
+    [
+        ({}, True),  # the default
+        ({"env": "0"}, False),
+        ({"env": "false"}, False),
+        ({"extra": False}, False),
+        ({"extra": "false"}, False),
+        ({"extra": False, "env": "1"}, False),  # either one turns them off
+        ({"env": "1"}, True),
+        ({"guard": True}, False),  # the guard's verdict is needed before the request ends
+    ],
+)
+def test_writes_are_off_the_step_by_default(shim, tmp_path, monkeypatch, setting, off_the_step):
     monkeypatch.delenv(writer.ASYNC_ENV, raising=False)
+    if "env" in setting:
+        monkeypatch.setenv(writer.ASYNC_ENV, setting["env"])
     extra: dict = {}
-    if opt_in == "env":
-        monkeypatch.setenv(writer.ASYNC_ENV, "1")
-    elif opt_in != "off":
-        extra["async_writes"] = True
-    if opt_in == "guard_wins":
+    if "extra" in setting:
+        extra["async_writes"] = setting["extra"]
+    if setting.get("guard"):
         extra["refuse_bad_hidden_states"] = True
     connector, _, _ = async_connector(tmp_path, **extra)
-    assert (connector._writer is not None) == (opt_in in ("extra_config", "env"))
+    assert (connector._writer is not None) == off_the_step
     connector.shutdown()
 
 
