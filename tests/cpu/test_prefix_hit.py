@@ -1,4 +1,4 @@
-"""hidden-states-consistent-prefix-hit (vLLM 0.24-0.28): with vLLM's own scheduler, a prefix-cache
+"""hidden-states-consistent-prefix-hit (vLLM 0.24-0.26): with vLLM's own scheduler, a prefix-cache
 hit during hybrid extraction resumes where the GDN layers saved state, as without extraction.
 
 The prompts are the GPU test's (tests/gpu/test_hidden_states_match.py): a 1,500-token prompt is
