@@ -17,6 +17,7 @@ from speculators_hybrid.vllm_patches.extraction_input import id_problems as id_p
 from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error
 from speculators_hybrid.vllm_patches.hidden_read import PATCH as READ_SLOTS
 from speculators_hybrid.vllm_patches.prefix_caching import PATCH as NO_PREFIX_CACHING
+from speculators_hybrid.vllm_patches.writer import ASYNC_ENV
 
 PLUGIN = "speculators_hybrid"
 NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill"
@@ -24,6 +25,8 @@ LANGUAGE_ONLY = "--language-model-only"
 FIRST_LANGUAGE_ONLY = Version("0.20.1")  # MultiModalConfig.language_model_only
 # vLLM PR 37374 made ExampleHiddenStatesConnector refuse chunked prefill; PR 43805 lifted it.
 STOCK_REFUSES_CHUNKED = (Version("0.22.0"), Version("0.24.0"))
+OWN_CONNECTOR_BEFORE = Version("0.22")  # below it our connector writes the files (writer.py)
+FIRST_WAITING_READER = Version("0.6")  # speculators' readers wait on `<path>.lock` from 0.6.0
 # Model classes with no EAGLE-3 auxiliary hidden states in vLLM (extraction fails at run time).
 NO_AUX_STATES = ("granitemoehybrid", "falcon_h1", "jamba", "bamba", "zamba2", "lfm2")
 
@@ -45,6 +48,38 @@ def _plugins_env(env: dict[str, str], log: Log) -> dict[str, str] | None:
     new = f"{value},{PLUGIN}" if value else PLUGIN
     log(f"VLLM_PLUGINS={value!r} leaves out our plugin; running with VLLM_PLUGINS={new!r}")
     return {**env, "VLLM_PLUGINS": new}
+
+
+def _writes_env(env: dict[str, str], vllm: str | None, log: Log) -> dict[str, str] | None:
+    """Files off the engine step unless a reader here would not wait for them (README)."""
+    v = _version(vllm)
+    if v is None or ASYNC_ENV in env:
+        return None
+    try:
+        reader = _version(metadata.version("speculators"))
+    except metadata.PackageNotFoundError:
+        reader = None
+    waits = reader is None or reader >= FIRST_WAITING_READER
+    if v >= OWN_CONNECTOR_BEFORE:
+        if not waits:
+            log(
+                f"warning: speculators {reader} reads hidden-state files without waiting for "
+                f"their lock, and vLLM {vllm} writes them after the response: upgrade "
+                "speculators to >= 0.6"
+            )
+        return None
+    if not waits:
+        log(
+            f"speculators {reader} reads hidden-state files without waiting for their lock: "
+            f"files written inside the engine step ({ASYNC_ENV}=0; ~0.7x of the off-step "
+            "speed at 27B size); speculators >= 0.6 waits"
+        )
+        return {**env, ASYNC_ENV: "0"}
+    log(
+        "hidden-state files are written off the engine step: a reader waits on <path>.lock "
+        f"(speculators >= 0.6 does; for one that does not, set {ASYNC_ENV}=0)"
+    )
+    return None
 
 
 def _plugin_checks(log: Log) -> bool:
@@ -154,8 +189,10 @@ def for_hybrid(
             )
     for note in vllm_notes(vllm, argv, target, _plugin_checks(log)):
         log(note)
-    env = _plugins_env(dict(cmd.env if cmd.env is not None else os.environ), log)
-    return replace(cmd, argv=argv, env=env if env is not None else cmd.env)
+    env = dict(cmd.env if cmd.env is not None else os.environ)
+    changed = _plugins_env(env, log)
+    changed = _writes_env(changed or env, vllm, log) or changed
+    return replace(cmd, argv=argv, env=changed if changed is not None else cmd.env)
 
 
 def for_target(

@@ -18,13 +18,15 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any
-
-import torch
+from typing import IO, TYPE_CHECKING, Any
 
 from speculators_hybrid.vllm_patches.provenance_meta import save_whole
+
+if TYPE_CHECKING:  # importable without torch: the launcher reads ASYNC_ENV
+    import torch
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
@@ -77,6 +79,8 @@ class FileWriter:
 
 def _to_host(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:
     """Host copies (pinned, queued on the current stream) and the event that marks them done."""
+    import torch
+
     host, ready = {}, None
     for key, tensor in tensors.items():
         if tensor.is_cuda:
@@ -97,7 +101,62 @@ def _write(
         if ready is not None:
             ready.synchronize()
         save_whole(path, host, metadata)
-    except Exception:  # the reader gets the lock, finds no file and fails: nothing half-read
-        logger.exception("speculators-hybrid: could not write %s", path)
+    except Exception as exc:  # noqa: BLE001 (the reader gets the lock, finds no file, fails)
+        report_failure(path, exc)
     finally:
         lock.close()  # releases the reader's wait
+
+
+# Failed writes, for the scheduler side of the same process (TP=1: the worker runs in the
+# engine core) to turn into the request's `hidden_states_error`; bounded, as a worker in another
+# process records entries nobody takes.
+_failures: OrderedDict[str, str] = OrderedDict()
+_failures_lock = threading.Lock()
+MAX_FAILURES = 4096
+REJECTED = ".rejected"  # `<path>.rejected`: why there is no file (the guard's marker too)
+
+
+def report_failure(path: str, exc: BaseException, record: bool = False) -> str:
+    """Log why `path` was not written, leave `<path>.rejected` saying so if the folder takes it,
+    and with `record` keep it for `take_failure`. Returns the reason."""
+    reason = f"could not write {path}: {_cause(exc)}"
+    logger.error("speculators-hybrid: %s", reason, exc_info=not isinstance(exc, OSError))
+    if record:
+        with _failures_lock:
+            _failures[path] = reason
+            while len(_failures) > MAX_FAILURES:
+                _failures.popitem(last=False)
+    try:
+        with open(f"{path}{REJECTED}", "w") as marker:
+            marker.write(reason)
+    except OSError:
+        pass  # a full, read-only or vanished folder: the log line (and the record) say it
+    return reason
+
+
+def _cause(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, OSError) else f"{type(exc).__name__}: {text}"
+
+
+def clear_failure(path: str) -> None:
+    """Forget an earlier failure of `path` (a request id used again) before writing it anew."""
+    with _failures_lock:
+        _failures.pop(path, None)
+    try:
+        os.unlink(f"{path}{REJECTED}")
+    except OSError:
+        pass  # none (the usual case), or the write that follows will say what is wrong
+
+
+def take_failure(path: str) -> str | None:
+    """Why `path` was not written, if its writer said so (in this process or in the marker)."""
+    with _failures_lock:
+        reason = _failures.pop(path, None)
+    if reason is not None:
+        return reason
+    try:
+        with open(f"{path}{REJECTED}") as marker:
+            return marker.read()
+    except OSError:
+        return None

@@ -19,6 +19,7 @@ BEFORE_022 = {
     "keep-hma-for-extraction",
     "hidden-states-own-group",
     "hidden-states-write-slots",
+    "files-whole-when-generate-returns",
     OWN_PAGE,
 }
 FROM_022 = {

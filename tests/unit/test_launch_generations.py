@@ -4,6 +4,7 @@ it catches, the hybrid adjustments and the dry-run output (in-process, nothing e
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -259,3 +260,40 @@ def test_plain_targets_get_no_warnings(targets, monkeypatch, capsys):
     vllm("0.24.0", monkeypatch)
     launch.plan([str(targets["plain"])])
     assert capsys.readouterr().err == ""
+
+
+def installed_speculators(version: str, monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
+    """A real installed-distribution record of speculators, found by importlib.metadata."""
+    info = root / f"speculators-{version}.dist-info"
+    info.mkdir(parents=True)
+    record = f"Metadata-Version: 2.1\nName: speculators\nVersion: {version}\n"
+    (info / "METADATA").write_text(record)
+    monkeypatch.syspath_prepend(str(root))
+
+
+@pytest.mark.parametrize(
+    ("vllm_version", "speculators", "user", "expected", "said"),
+    [
+        ("0.20.1", None, None, None, "written off the engine step"),
+        ("0.20.1", "0.9.0", None, None, "written off the engine step"),
+        ("0.21.0", "0.6.0", None, None, "written off the engine step"),
+        ("0.20.1", "0.5.0", None, "0", "speculators 0.5.0 reads hidden-state files without"),
+        ("0.20.1", "0.5.0", "1", "1", None),  # the user's own choice stands
+        ("0.25.0", "0.5.0", None, None, "upgrade speculators to >= 0.6"),
+        ("0.25.0", "0.9.0", None, None, None),  # vLLM's own connector: nothing to choose
+    ],
+)
+def test_files_are_written_where_the_reader_can_see_them(
+    vllm_version, speculators, user, expected, said, targets, monkeypatch, tmp_path, capsys
+):
+    vllm(vllm_version, monkeypatch)
+    monkeypatch.delenv(adjust.ASYNC_ENV, raising=False)
+    if user is not None:
+        monkeypatch.setenv(adjust.ASYNC_ENV, user)
+    if speculators is not None:
+        installed_speculators(speculators, monkeypatch, tmp_path)
+    cmd, _ = launch.plan([str(targets["hybrid-text"])])
+    env = cmd.env if cmd.env is not None else dict(os.environ)
+    assert env.get(adjust.ASYNC_ENV) == expected
+    err = capsys.readouterr().err
+    assert (said in err) if said else ("hidden-state files" not in err)

@@ -40,7 +40,12 @@ EVERY = {
     "hidden-states-own-page-size",
     "qwen3_5-text-only-models",
 }
-BEFORE_022 = {"keep-hma-for-extraction", "hidden-states-own-group", "hidden-states-write-slots"}
+BEFORE_022 = {
+    "keep-hma-for-extraction",
+    "hidden-states-own-group",
+    "hidden-states-write-slots",
+    "files-whole-when-generate-returns",  # our connector writes off the step
+}
 FROM_022 = {
     "hidden-block-divides-engine-block",
     "no-prefix-caching-for-hybrid-extraction",
