@@ -21,11 +21,16 @@ from pathlib import Path
 from typing import Any
 
 POLL_S = 0.002
+NOFILES_MODULE = "benchmarks.nofiles"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def extracts(mode: str) -> bool:
-    return mode != "plain"  # extract, extract-instep
+    return mode != "plain"  # extract, extract-instep, extract-nofiles
+
+
+def writes_files(mode: str) -> bool:
+    return extracts(mode) and mode != "extract-nofiles"
 
 
 def make_prompts(lengths: list[int], vocab: int, seed: int) -> list[list[int]]:
@@ -55,6 +60,9 @@ def engine_kwargs(spec: dict[str, Any], fields: set[str]) -> dict[str, Any]:
         kwargs["tokenizer"] = spec["folder"]
     if extracts(spec["mode"]):
         kwargs.update(extraction_args(tuple(spec["layer_ids"]), spec["storage"]))
+    if spec["mode"] == "extract-nofiles":  # benchmarks/nofiles.py (imports vLLM and torch)
+        transfer = kwargs["kv_transfer_config"]
+        transfer.update(kv_connector="NoFilesConnector", kv_connector_module_path=NOFILES_MODULE)
     if spec["multimodal"]:
         kwargs["language_model_only"] = True
     if spec["hybrid"] and "gdn_prefill_backend" in fields:
@@ -180,7 +188,7 @@ def one_pass(llm: Any, spec: dict[str, Any], prompts: list[list[int]]) -> dict[s
     # Prefill only (max_tokens=1), chunked to the token budget: about this many engine steps.
     steps = math.ceil(tokens / spec["max_num_batched_tokens"])
     row: dict[str, Any] = {"tokens": tokens, "returned_s": returned, "steps_est": steps}
-    if not extracts(spec["mode"]):
+    if not writes_files(spec["mode"]):
         return {**row, "cpu_s": cpu_used(cpu0, os.getpid())}
     paths = [(o.kv_transfer_params or {}).get("hidden_states_path") for o in outputs]
     expected = {p: len(q) for p, q in zip(paths, prompts, strict=True) if p}
@@ -229,7 +237,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     llm = LLM(**kwargs)
     startup = time.perf_counter() - t
     cache = llm.llm_engine.vllm_config.cache_config  # blocks as the engine core reported them
-    lengths, extracting = spec["lengths"], extracts(spec["mode"])
+    lengths, extracting = spec["lengths"], writes_files(spec["mode"])
     for w in range(spec["warmup"]):
         one_pass(llm, spec, make_prompts(lengths, spec["vocab"], 1000 + w))
         clear(spec["storage"])

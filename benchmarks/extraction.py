@@ -8,7 +8,8 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
 - extract: the same with speculators' `speculative_config` + `kv_transfer_config`
            (`planning.extraction_args`), timed until `generate` returns and until every
            file is complete (see `engine.py`);
-- extract-instep: extract with SPECULATORS_HYBRID_ASYNC_WRITES=0 (files written in the step).
+- extract-instep: extract with SPECULATORS_HYBRID_ASYNC_WRITES=0 (files written in the step);
+- extract-nofiles: extract with the file path cut off (benchmarks/nofiles.py, vLLM < 0.22).
 
 Workloads: `fixed` (N prompts x L tokens) or `chat` (N prompts, seeded log-uniform lengths
 of 100-8,000 tokens).
@@ -66,7 +67,7 @@ def control_sizes(size: str) -> dict[str, int]:
 KINDS = ("control", "hybrid")
 SIZES = ("wide-8l", "tiny", "qwen3.6-27b-like")
 DUMMY_SIZES = ("qwen3.6-27b-like",)  # config.json only; the others: checkpoint + local tokenizer
-MODES = ("plain", "extract", "extract-instep")
+MODES = ("plain", "extract", "extract-instep", "extract-nofiles")
 WORKLOADS = ("fixed", "chat")
 CHAT_LENGTHS = (100, 8000)  # the chat mix: log-uniform prompt lengths in this range
 CHAT_SEED = 0  # the same mix for every engine
@@ -246,6 +247,8 @@ def engine_env(plugin: str, mode: str = "plain") -> dict[str, str]:
         env["SPECULATORS_HYBRID_DISABLE"] = "1"
     if mode == "extract-instep":
         env[ASYNC_WRITES] = "0"  # files written inside the engine step
+    if mode == "extract-nofiles":  # the engine core imports benchmarks.nofiles
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 
 
@@ -280,7 +283,10 @@ def run_engine(spec: dict[str, Any], runs: Path, plugin: str, timeout_s: float) 
     data = json.loads(result.read_text()) if result.exists() else {}
     if not data:
         how = f"timed out after {timeout_s:.0f} s" if timed_out else f"exited {proc.returncode}"
-        data = {"error": f"engine {how}; log tail:\n" + "\n".join(text.strip().splitlines()[-30:])}
+        lines = text.strip().splitlines()
+        cause = [ln for ln in lines if re.search(r"Error|Exception|error:", ln)][:20]
+        data = {"error": f"engine {how}; log tail:\n" + "\n".join(lines[-30:])}
+        data["error_lines"] = cause  # the engine core's root cause sits above the tail
         data["timed_out"] = timed_out
     notable = [line for line in text.splitlines() if NOTABLE.search(line)]
     return {**data, **parse_log(text), "log": str(log), "log_lines": notable[:60]}
@@ -346,7 +352,7 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
     data = run_engine(spec, runs, args.plugin, args.engine_timeout)
     graphs_error = None
     if "error" in data and not data["timed_out"] and args.cuda_graphs == "auto":
-        graphs_error = data["error"]
+        graphs_error = data["error"] + "\n" + "\n".join(data.get("error_lines", []))
         print(f"{name}: did not run with CUDA graphs; again in eager mode", flush=True)
         spec["eager"] = True
         data = run_engine(spec, runs, args.plugin, args.engine_timeout)

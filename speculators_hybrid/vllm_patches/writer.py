@@ -77,20 +77,42 @@ class FileWriter:
         self._pool.shutdown(wait=True)
 
 
-def _to_host(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:
-    """Host copies (pinned, queued on the current stream) and the event that marks them done."""
+_COPY_STREAMS: dict[Any, Any] = {}  # device -> the stream host copies run on
+
+
+def _copy_stream(device: Any) -> Any:
     import torch
 
-    host, ready = {}, None
-    for key, tensor in tensors.items():
-        if tensor.is_cuda:
-            host[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            host[key].copy_(tensor, non_blocking=True)  # after the gather, in stream order
-        else:
-            host[key] = tensor
-    if any(t.is_cuda for t in tensors.values()):
+    if device not in _COPY_STREAMS:
+        _COPY_STREAMS[device] = torch.cuda.Stream(device=device)
+    return _COPY_STREAMS[device]
+
+
+def _to_host(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:
+    """Host copies (pinned) and the event that marks them done.
+
+    The copies run on a stream of their own, after what the current stream has queued (the
+    gather), so the next forward does not wait behind about 84 MB per 2,048-token file;
+    `record_stream` keeps the gathered rows' memory from reuse until their copy is done.
+    """
+    import torch
+
+    on_gpu = [t for t in tensors.values() if t.is_cuda]
+    if not on_gpu:
+        return dict(tensors), None
+    stream = _copy_stream(on_gpu[0].device)
+    stream.wait_stream(torch.cuda.current_stream(on_gpu[0].device))
+    host = {}
+    with torch.cuda.stream(stream):
+        for key, tensor in tensors.items():
+            if tensor.is_cuda:
+                host[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                host[key].copy_(tensor, non_blocking=True)
+                tensor.record_stream(stream)
+            else:
+                host[key] = tensor
         ready = torch.cuda.Event()
-        ready.record()
+        ready.record(stream)
     return host, ready
 
 

@@ -204,6 +204,22 @@ def test_instep_mode_extracts_with_writes_in_the_step(monkeypatch):
     assert instep == engine.engine_kwargs(spec("extract"), set())  # only the variable differs
 
 
+def test_nofiles_mode_runs_the_benchmark_connector_and_expects_no_files():
+    kw = engine.engine_kwargs(spec("extract-nofiles"), set())
+    transfer = kw["kv_transfer_config"]
+    assert (transfer["kv_connector"], transfer["kv_connector_module_path"]) == (
+        "NoFilesConnector",
+        "benchmarks.nofiles",
+    )
+    assert (
+        kw["speculative_config"]
+        == engine.engine_kwargs(spec("extract"), set())["speculative_config"]
+    )
+    root = str(Path(bench.__file__).resolve().parents[1])
+    assert bench.engine_env("on", "extract-nofiles")["PYTHONPATH"].split(os.pathsep)[0] == root
+    assert not engine.writes_files("extract-nofiles") and engine.writes_files("extract")
+
+
 def test_extract_engine_uses_speculators_settings():
     kw = engine.engine_kwargs(spec("extract", "control"), set())
     expected = extraction_args((2, 4, 5, 8), "/tmp/hs")
