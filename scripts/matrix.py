@@ -39,6 +39,7 @@ LOCKS = REQUIREMENTS / "locks"
 PACKAGE = ("wrapt>=1.14", "packaging>=21")  # pyproject.toml's dependencies
 TEST = ("pytest>=7", "safetensors>=0.4")
 TRANSFORMERS = "transformers>=5.6"
+VERIFY = ("torch", TRANSFORMERS, "tqdm>=4.60")  # pyproject.toml's extra `verify`
 TOOLS = ("tox>=4.20", "tox-uv>=1.11", "wrapt>=1.14")  # .venv-tools: tox, uv, and this script
 FIND_LINKS = os.environ.get("PIP_FIND_LINKS", "/opt/wheels")
 
@@ -115,6 +116,14 @@ def envs() -> list[Env]:
             PACKAGE + TEST + ("torch", "datasets>=4"),
             (f"{PYTEST} {{posargs:tests/unit/test_check.py tests/unit/test_run.py}}",),
             "`check` and `run` alone: torch + datasets, no vLLM, no speculators",
+        )
+    )
+    out.append(
+        Env(
+            "verify",
+            PACKAGE + TEST + VERIFY,
+            (f"{PYTEST} {{posargs:tests/verify}}",),
+            "`verify` with tiny random models: torch + transformers, no vLLM",
         )
     )
     return out

@@ -8,6 +8,7 @@ import sys
 from speculators_hybrid import check, launch, run, upstream
 from speculators_hybrid.plugin import disabled, vllm_patches
 from speculators_hybrid.registry import Patch, Patcher
+from speculators_hybrid.verify import command as verify_command
 from speculators_hybrid.versions import installed
 
 
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     launch.add_cli(sub)
     check.add_cli(sub)
     run.add_cli(sub)
+    verify_command.add_cli(sub)
 
     args = parser.parse_args(argv)
     return int(args.func(args))

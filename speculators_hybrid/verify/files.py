@@ -1,0 +1,198 @@
+"""One hidden-state file against the model: contract, layer ids, then the calibrated rule."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speculators_hybrid.verify import capture, rule
+from speculators_hybrid.vllm_patches.extraction_input import id_problems, speculators_default
+
+TRUTH = torch.float32
+
+
+@dataclass
+class FileResult:
+    path: str
+    layer_ids: list[int] | None = None
+    ids_from: str | None = None  # "--ids", "metadata" or "speculators' default"
+    tokens: int | None = None
+    dtype: str | None = None  # the floor's: the dtype the server is taken to have run in
+    errors: list[dict[str, str]] = field(default_factory=list)
+    ids: list[rule.IdResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def error(self, code: str, message: str) -> None:
+        self.errors.append({"code": code, "message": message})
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and bool(self.ids) and all(r.ok for r in self.ids)
+
+    def worst(self) -> rule.IdResult | None:
+        return max(self.ids, key=lambda r: r.excess, default=None)
+
+    def reasons(self) -> list[str]:
+        found = [e["message"] for e in self.errors]
+        for r in self.ids:
+            if not r.ok:
+                found.append(
+                    f"id {r.layer_id}: similarity {r.similarity:.5f} at token {r.token}, below "
+                    f"the limit {r.limit:.5f} (floor {r.floor:.5f}: {rule.K:g} x its error "
+                    f"+ {rule.EPS:g})"
+                )
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "layer_ids": self.layer_ids,
+            "ids_from": self.ids_from,
+            "tokens": self.tokens,
+            "dtype": self.dtype,
+            "errors": self.errors,
+            "per_id": [
+                {
+                    "id": r.layer_id,
+                    "ok": r.ok,
+                    "similarity": _finite(r.similarity),
+                    "token": r.token,
+                    "floor": _finite(r.floor),
+                    "limit": r.limit,
+                }
+                for r in self.ids
+            ],
+            "reasons": self.reasons(),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _finite(value: float) -> float | None:
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def metadata_ids(raw: str | None) -> list[int] | None:
+    """`layer_ids` from a file's provenance metadata (a JSON list of ints), or None."""
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in value
+    ):
+        return value
+    return None
+
+
+class Verifier:
+    """The model, loaded once, and the per-file check. `ids`: layer ids for every file (else
+    each file's metadata, else speculators' default); `dtype`: the server's (None: each file's
+    own dtype)."""
+
+    def __init__(
+        self,
+        model: str | Path | torch.nn.Module,
+        device: str = "cpu",
+        dtype: str | None = None,
+        ids: list[int] | None = None,
+    ) -> None:
+        if isinstance(model, torch.nn.Module):
+            self.model = model.eval()
+        else:
+            self.model = capture.load_model(model, device)
+        self.n = capture.num_layers(self.model)
+        embed = capture.decoder_stack(self.model).embed_tokens
+        self.vocab, self.hidden = embed.weight.shape
+        self.dtype = dtype
+        self.ids = ids
+
+    def _layer_ids(self, metadata: dict[str, str], slots: int, result: FileResult) -> None:
+        if self.ids is not None:
+            ids, source = self.ids, "--ids"
+        elif (found := metadata_ids(metadata.get("layer_ids"))) is not None:
+            ids, source = found, "metadata"
+        else:
+            ids, source = speculators_default(self.n), "speculators' default"
+        result.layer_ids, result.ids_from = list(ids), source
+        problems = id_problems(ids, self.n)
+        if problems:
+            result.error(
+                "bad_ids",
+                f"layer ids {ids} (from {source}) do not fit the model's {self.n} decoder layers: "
+                f"{'; '.join(problems)}",
+            )
+        elif len(ids) != slots:
+            hint = "" if source == "--ids" else "; give the server's ids with --ids"
+            result.error(
+                "ids_mismatch",
+                f"the file has {slots} layer slots, but {len(ids)} layer ids {ids} come from "
+                f"{source}{hint}",
+            )
+
+    def _read(self, path: str, result: FileResult) -> tuple[torch.Tensor, list[int]] | None:
+        """The file's hidden states and tokens if they fit the contract and the model."""
+        from safetensors import safe_open
+
+        try:
+            with safe_open(path, framework="pt") as handle:
+                metadata = dict(handle.metadata() or {})
+                keys = set(handle.keys())
+                missing = sorted({"hidden_states", "token_ids"} - keys)
+                if missing:
+                    result.error("missing_key", f"no {', '.join(missing)} (has {sorted(keys)})")
+                    return None
+                tokens = handle.get_tensor("token_ids")
+                states = handle.get_tensor("hidden_states")
+        except Exception as exc:  # noqa: BLE001 (truncated, not safetensors, unreadable)
+            result.error("unreadable", f"{type(exc).__name__}: {exc}")
+            return None
+        if tokens.dim() != 1 or tokens.dtype != torch.int64:
+            result.error("bad_tokens", f"token_ids is {tokens.dtype} {list(tokens.shape)}")
+            return None
+        result.tokens = len(tokens)
+        if states.dim() != 3 or not states.is_floating_point():
+            result.error("bad_shape", f"hidden_states is {states.dtype} {list(states.shape)}")
+            return None
+        rows, slots, width = states.shape
+        if rows != len(tokens):
+            result.error(
+                "length_mismatch",
+                f"hidden_states has {rows} token rows, token_ids {len(tokens)} tokens (truncated)",
+            )
+        if width != self.hidden:
+            result.error(
+                "width_mismatch",
+                f"hidden_states is {width} wide, the model's hidden size is {self.hidden}",
+            )
+        if len(tokens) == 0:
+            result.error("empty", "no tokens")
+        elif not 0 <= int(tokens.min()) <= int(tokens.max()) < self.vocab:
+            result.error(
+                "bad_tokens", f"token ids outside the model's vocabulary [0, {self.vocab})"
+            )
+        self._layer_ids(metadata, slots, result)
+        name = str(states.dtype).removeprefix("torch.")
+        result.dtype = self.dtype or (name if name in capture.DTYPES else "bfloat16")
+        return (states, tokens.tolist()) if not result.errors else None
+
+    def verify(self, path: str | Path) -> FileResult:
+        """Everything about one file; problems are reported, never raised."""
+        start = time.monotonic()
+        result = FileResult(str(path))
+        read = self._read(str(path), result)
+        if read is not None:
+            states, tokens = read
+            ids = result.layer_ids or []
+            truth = capture.hidden_states(self.model, tokens, ids, TRUTH)
+            low = capture.hidden_states(self.model, tokens, ids, capture.DTYPES[result.dtype or ""])
+            result.ids = rule.compare(states, low, truth, ids)
+        result.seconds = time.monotonic() - start
+        return result

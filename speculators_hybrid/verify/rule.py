@@ -1,0 +1,91 @@
+"""How close a file must be to the model: a calibrated rule, per layer id.
+
+Similarity of a row `a` to the truth `b` (both [hidden]):
+
+    s(a, b) = 1 - |a - b|^2 / (2 |a| |b|) = cos(a, b) - (r - 1)^2 / (2 r),   r = |a| / |b|
+
+It is the cosine when the norms agree and falls below it when they do not. The norm term is
+needed: a state taken after the final norm points the same way as the one before it when the
+norm's weights are uniform (Qwen3.5's `x * (1 + w)` with `w = 0`, as freshly initialised), so
+its cosine is 1.0 while its scale is the norm's, not the residual stream's.
+
+The truth is a float32 forward of the model on the file's own tokens. The floor is the same
+model's forward in the dtype the server ran in (bf16 by default) against that truth: the error
+a correct file is allowed by precision alone. Per id, with e = 1 - (the worst token's s):
+
+    e_file <= K * e_floor + EPS
+
+K = 3: measured on an H200 with a hidden-5120 hybrid (Qwen3.6-27B widths, 8 layers, ids
+[0, 1, 3, 4, 8]), transformers' bf16 forward reaches worst cosines 1.0 / 0.99966 / 0.99916 /
+0.99891 / 0.99791 against float32, and correct vLLM files 1.0 / 0.99963 / 0.99917 / 0.99895 /
+0.99789: e_file / e_floor is 0.96-1.09, so K = 3 leaves 2.7x for kernels, tensor parallelism
+and short prompts that differ more; wrong files (a prefix-cache hit on vLLM 0.25.0) reached
+cosines 0.47-0.79, e >= 0.21, 100x the worst floor and 33x this limit.
+EPS = 1e-4: the allowance where the floor is zero (id 0, the embeddings, is a bf16 lookup
+either way) or tiny; 30x below the smallest floor above id 0 in that measurement (3.4e-4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+K = 3.0
+EPS = 1e-4
+
+
+def similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """s(a, b) along the last dim, in float32: [..., hidden] x2 -> [...]."""
+    a, b = a.float(), b.float()
+    denominator = 2 * a.norm(dim=-1) * b.norm(dim=-1)
+    return 1 - (a - b).pow(2).sum(dim=-1) / denominator.clamp_min(1e-30)
+
+
+def limit(floor: float, k: float = K, eps: float = EPS) -> float:
+    """The lowest similarity a file may have where the floor's worst token has `floor`."""
+    return 1 - (k * (1 - floor) + eps)
+
+
+@dataclass
+class IdResult:
+    """One layer id of one file: its worst token, and the floor it is held to."""
+
+    layer_id: int
+    similarity: float  # the file's worst token against float32
+    token: int  # where
+    floor: float  # the low-precision reference's worst token against float32
+    limit: float
+
+    @property
+    def ok(self) -> bool:
+        return self.similarity >= self.limit  # False for NaN
+
+    @property
+    def excess(self) -> float:
+        """The file's error over the allowed one (> 1: fails); inf for NaN."""
+        allowed = 1 - self.limit
+        error = 1 - self.similarity
+        return error / allowed if error == error else float("inf")
+
+
+def compare(
+    file: torch.Tensor,
+    low: torch.Tensor,
+    truth: torch.Tensor,
+    layer_ids: list[int],
+    k: float = K,
+    eps: float = EPS,
+) -> list[IdResult]:
+    """Per id: the file's and the floor's worst token against the truth ([tokens, ids, hidden])."""
+    s_file = similarity(file.to(truth.device), truth)  # [tokens, ids]
+    s_floor = similarity(low, truth)
+    s_file = torch.nan_to_num(s_file, nan=-float("inf"))  # NaN rows count as the worst
+    results = []
+    for slot, layer_id in enumerate(layer_ids):
+        worst = int(s_file[:, slot].argmin())
+        floor = float(s_floor[:, slot].min())
+        results.append(
+            IdResult(layer_id, float(s_file[worst, slot]), worst, floor, limit(floor, k, eps))
+        )
+    return results
