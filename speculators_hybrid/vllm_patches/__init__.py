@@ -6,6 +6,7 @@ from speculators_hybrid.registry import Patch
 from speculators_hybrid.vllm_patches import (
     engine_block,
     extraction_input,
+    file_names,
     hidden_group,
     hidden_read,
     hidden_write,
@@ -31,6 +32,7 @@ PATCHES: tuple[Patch, ...] = (
     hidden_read.PATCH,
     hidden_read.PAD_PATCH,
     provenance.PATCH,
+    file_names.PATCH,
     extraction_input.PATCH,
     layer_zero.PATCH,
     runner_v1.PATCH,

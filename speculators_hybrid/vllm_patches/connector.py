@@ -31,6 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from speculators_hybrid.vllm_patches.file_names import hidden_states_path, sweep
 from speculators_hybrid.vllm_patches.hidden_write import block_index
 from speculators_hybrid.vllm_patches.provenance_meta import (
     bad_rows,
@@ -39,7 +40,13 @@ from speculators_hybrid.vllm_patches.provenance_meta import (
     refuse,
     save_whole,
 )
-from speculators_hybrid.vllm_patches.writer import FileWriter, async_enabled
+from speculators_hybrid.vllm_patches.writer import (
+    FileWriter,
+    async_enabled,
+    clear_failure,
+    report_failure,
+    take_failure,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -140,6 +147,8 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         self._layer: str | None = None
         self._group = -1
         self._block_size = 0
+        if role == KVConnectorRole.WORKER:
+            sweep(self._dir)  # parts of files a killed server was writing
         if role == KVConnectorRole.SCHEDULER:
             self._group = hidden_group_index(kv_cache_config)
             spec = kv_cache_config.kv_cache_groups[self._group].kv_cache_spec  # type: ignore[union-attr]
@@ -180,20 +189,29 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         assert isinstance(meta, HiddenStatesMetadata)
         if not meta.saves or not _writes_files():
             return
-        os.makedirs(self._dir, exist_ok=True)
         for save in meta.saves:
-            hidden = read_slots(kv_layer, save.slots)
-            tokens = torch.tensor(save.token_ids, dtype=torch.int64)
-            if self._writer is not None:
-                tensors = {"hidden_states": hidden, "token_ids": tokens}
-                self._writer.submit(save.path, tensors, self._provenance)
-                continue
-            hidden = hidden.cpu()
-            problem = bad_rows(hidden) if self._guard else None
-            if problem is not None:
-                refuse(save.path, problem)
-                continue
-            write_file(save.path, {"hidden_states": hidden, "token_ids": tokens}, self._provenance)
+            try:
+                self._save(save, kv_layer)
+            except Exception as exc:  # noqa: BLE001 (one file lost, never the engine)
+                # Recorded here for request_finished (same process at TP=1) and in
+                # `<path>.rejected` (where the folder still takes a file).
+                report_failure(save.path, exc, record=True)
+
+    def _save(self, save: SaveRequest, kv_layer: torch.Tensor) -> None:
+        os.makedirs(self._dir, exist_ok=True)  # made again if someone removed it
+        clear_failure(save.path)  # a marker left by an earlier request of the same id
+        hidden = read_slots(kv_layer, save.slots)
+        tokens = torch.tensor(save.token_ids, dtype=torch.int64)
+        if self._writer is not None:
+            tensors = {"hidden_states": hidden, "token_ids": tokens}
+            self._writer.submit(save.path, tensors, self._provenance)
+            return
+        hidden = hidden.cpu()
+        problem = bad_rows(hidden) if self._guard else None
+        if problem is not None:
+            refuse(save.path, problem)
+            return
+        write_file(save.path, {"hidden_states": hidden, "token_ids": tokens}, self._provenance)
 
     def shutdown(self) -> None:
         if self._writer is not None:
@@ -216,7 +234,7 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             prompt = _Prompt(
-                path=os.path.join(self._dir, f"{new.req_id}.safetensors"),
+                path=hidden_states_path(self._dir, new.req_id),  # inside the folder, any id
                 token_ids=list(new.prompt_token_ids or []),
                 block_ids=list(new.block_ids[self._group]),
             )
@@ -257,10 +275,8 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         prompt = self._prompts.pop(request.request_id, None)
         if prompt is None or not prompt.saved:
             return False, None
-        rejected = f"{prompt.path}.rejected"
-        if self._guard and os.path.exists(rejected):
-            with open(rejected) as marker:
-                problem = marker.read()
+        problem = take_failure(prompt.path)
+        if problem is not None:
             # No path: the client's request fails, naming why, and nothing reaches training.
             return False, {"hidden_states_path": None, "hidden_states_error": problem}
         return False, {"hidden_states_path": prompt.path}

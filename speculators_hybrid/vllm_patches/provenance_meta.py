@@ -84,13 +84,22 @@ def provenance(vllm_config: VllmConfig) -> dict[str, str]:
 def save_whole(
     path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None
 ) -> None:
-    """Write `path` aside, then rename it into place: no reader sees it incomplete."""
+    """Write `path` aside, then rename it into place: no reader sees it incomplete.
+
+    Aside is a folder of its own, `<path>.<pid>.part/`, next to `path` (one filesystem, so the
+    rename is atomic): whatever the writer leaves there (safetensors >= 0.8 writes its own
+    `.tmpXXXXXX` first) goes with the folder, here on failure, or by `file_names.sweep` at the
+    next start if the process was killed.
+    """
+    import shutil
+
     from safetensors.torch import save_file
 
     aside = f"{path}.{os.getpid()}.part"
+    os.makedirs(aside, exist_ok=True)
     try:
-        save_file(tensors, aside, metadata=metadata)
-        os.replace(aside, path)
+        inner = os.path.join(aside, "data")
+        save_file(tensors, inner, metadata=metadata)
+        os.replace(inner, path)
     finally:
-        if os.path.exists(aside):
-            os.unlink(aside)
+        shutil.rmtree(aside, ignore_errors=True)

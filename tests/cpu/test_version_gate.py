@@ -26,6 +26,7 @@ FROM_022 = {
     PROVENANCE,
     "hidden-block-divides-engine-block",
     "no-prefix-caching-for-hybrid-extraction",
+    "hidden-states-safe-file-names",
     OWN_PAGE,
 }
 

@@ -50,6 +50,7 @@ FROM_022 = {
     "hidden-block-divides-engine-block",
     "no-prefix-caching-for-hybrid-extraction",
     "hidden-states-provenance",
+    "hidden-states-safe-file-names",
 }
 HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
 RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2
