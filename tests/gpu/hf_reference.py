@@ -1,11 +1,11 @@
-"""HuggingFace side of the GPU proof: a tiny local Qwen3.5 hybrid and its reference hidden states.
+"""HuggingFace side of the GPU proof: a tiny local Qwen3.5 hybrid and its files' verification.
 
 Importable without a GPU or vLLM. Layer-id semantics (speculators' and vLLM's): id 0 is the
 embeddings output (the input of decoder layer 0), id i (1..n) the residual stream after decoder
-layer i-1; id n is therefore the final state BEFORE the final norm. transformers' own
-`output_hidden_states` is not used for the reference because its last entry is the state AFTER
-the final norm (`capture_outputs(tie_last_hidden_states=True)` replaces it with
-`last_hidden_state`; checked with transformers 5.24): the hooks below capture the pre-norm one.
+layer i-1; id n is therefore the final state BEFORE the final norm. The reference states and the
+calibrated comparison are the package's own (`speculators_hybrid.verify`: forward hooks, since
+transformers' `output_hidden_states` ends with the state after the final norm), so the GPU
+tests hold vLLM's files to the same rule as `speculators-hybrid verify`.
 """
 
 from __future__ import annotations
@@ -73,12 +73,6 @@ def write_tokenizer(folder: str | Path, vocab_size: int) -> None:
     )
 
 
-def _text_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The decoder stack (`Qwen3_5TextModel`) of either layout."""
-    inner = model.model
-    return getattr(inner, "language_model", inner)
-
-
 def build_tiny_model(folder: str | Path, multimodal: bool = True, seed: int = 0) -> Path:
     """Random-weight tiny Qwen3.5 hybrid (8 layers, GDN:attention 3:1): bf16 + tokenizer."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
@@ -109,75 +103,29 @@ def reference_device() -> str:
 
 
 def load_model(folder: str | Path, device: str = "cpu") -> torch.nn.Module:
-    """The saved model in float32 (its bf16 weights upcast exactly), eval mode."""
-    from transformers import AutoConfig, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
+    """The saved model in its checkpoint's dtype (bf16), eval mode: verify's own loader."""
+    from speculators_hybrid.verify import capture
 
-    config = AutoConfig.from_pretrained(folder)
-    cls = (
-        Qwen3_5ForCausalLM
-        if config.model_type == "qwen3_5_text"
-        else Qwen3_5ForConditionalGeneration
-    )
-    return cls.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+    return capture.load_model(folder, device)
 
 
-@torch.no_grad()
-def reference_hidden_states(
-    folder: str | Path | torch.nn.Module,
-    token_ids: list[int],
-    layer_ids: list[int],
-    device: str = "cpu",
-) -> torch.Tensor:
-    """[T, len(layer_ids), hidden] float32: one HF forward, no cache, residual stream by id.
-
-    `folder` may also be an already loaded model (see `load_model`), to load once per test.
+def check_file(path: str | Path, prompt: list[int], layer_ids: list[int], model: Any) -> Any:
+    """One hidden-states file: the contract is asserted (token ids = the prompt, shape, no
+    all-zero rows), then `speculators-hybrid verify`'s check of it against `model` (loaded with
+    `load_model`) under the calibrated rule; returns its `FileResult` (`.ok`, `.ids`, `.reasons`).
     """
-    model = folder if isinstance(folder, torch.nn.Module) else load_model(folder, device)
-    layers = _text_model(model).layers
-    n = len(layers)
-    if not all(0 <= i <= n for i in layer_ids):
-        raise ValueError(f"layer ids must be in 0..{n}: {layer_ids}")
-    states: dict[int, torch.Tensor] = {}
-
-    def before_first(module: Any, args: tuple, kwargs: dict) -> None:
-        states[0] = args[0] if args else kwargs["hidden_states"]
-
-    def after(i: int) -> Any:
-        def hook(module: Any, args: Any, output: Any) -> None:
-            states[i + 1] = output[0] if isinstance(output, tuple) else output
-
-        return hook
-
-    handles = [layers[0].register_forward_pre_hook(before_first, with_kwargs=True)]
-    handles += [layer.register_forward_hook(after(i)) for i, layer in enumerate(layers)]
-    try:
-        dev = next(model.parameters()).device
-        model(input_ids=torch.tensor([token_ids], device=dev), use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
-    return torch.stack([states[i][0].float().cpu() for i in layer_ids], dim=1)
-
-
-def cosine_per_token(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Cosine similarity along the last dim, in float32: [..., hidden] x2 -> [...]."""
-    return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1, eps=1e-12)
-
-
-def check_file(
-    path: str | Path, prompt: list[int], layer_ids: list[int], reference: torch.Tensor
-) -> dict[int, float]:
-    """Validate one hidden-states file against the contract; return min cosine per layer id."""
     from safetensors.torch import load_file
+
+    from speculators_hybrid.verify.files import Verifier
 
     data = load_file(str(path))
     assert {"hidden_states", "token_ids"} <= set(data), f"{path}: keys {sorted(data)}"
     tokens, hidden = data["token_ids"], data["hidden_states"]
     assert tokens.dtype == torch.int64, f"{path}: token_ids dtype {tokens.dtype}"
     assert tokens.tolist() == list(prompt), f"{path}: token_ids differ from the prompt"
-    expected = (len(prompt), len(layer_ids), reference.shape[-1])
+    verifier = Verifier(model, ids=list(layer_ids))
+    expected = (len(prompt), len(layer_ids), verifier.hidden)
     assert tuple(hidden.shape) == expected, f"{path}: shape {tuple(hidden.shape)} != {expected}"
     zero = (hidden == 0).all(dim=-1).nonzero().tolist()  # [token, slot] pairs that are all zero
     assert not zero, f"{path}: {len(zero)} all-zero (token, id-slot) rows, first {zero[:5]}"
-    cos = cosine_per_token(hidden, reference)  # [T, len(ids)]
-    return {i: float(cos[:, k].min()) for k, i in enumerate(layer_ids)}
+    return verifier.verify(path)

@@ -4,9 +4,10 @@ For a tiny random hybrid Qwen3.5 (multimodal and text-only checkpoints), the lau
 or speculators' own `scripts/launch_vllm.py` if `SPECULATORS_HYBRID_LAUNCHER` names one) execs
 `vllm serve`; prompts go to `/v1/completions` as speculators' data-generation client sends them
 (token ids, `max_tokens=1`, `return_token_ids`), concurrently. Each answer must echo the prompt
-ids and name a hidden-states file; each file must match a float32 HuggingFace forward (cosine >=
-MIN_COSINE per token and id, no all-zero rows), and the storage folder must hold exactly one
-file per request (with tensor parallelism one rank writes). The TP=2 case needs two GPUs.
+ids and name a hidden-states file; each file must pass `speculators-hybrid verify`'s calibrated
+rule against a float32 HuggingFace forward (and have no all-zero rows), and the storage folder
+must hold exactly one file per request (with tensor parallelism one rank writes). The TP=2 case
+needs two GPUs.
 
 The server's extra wheels for the device are listed in `serve-deps.txt` (how to stage them there).
 Numbers go to `SPECULATORS_HYBRID_GPU_REPORT` (JSON); server logs to
