@@ -11,6 +11,9 @@ speculators' `ArrowDataset` and `FileTransfer.get_cached` find it, and `token_id
 that sample's `input_ids`. Files are read one at a time, in row chunks (`safe_open` slices),
 so folders of tens of thousands of files run in bounded memory. Exit status: 0 all good,
 1 some file failed (each is named with its reasons), 2 nothing to check or bad arguments.
+These checks cannot see a plausible but wrong file (a layer off by one, another request's rows, a
+bad prefix-cache hit): `--verify-with MODEL_DIR` then runs `speculators-hybrid verify`, which
+recomputes a sample with the model.
 """
 
 from __future__ import annotations
@@ -410,13 +413,31 @@ def _check(args: argparse.Namespace) -> int:
     progress.close()
     mark_inconsistent(reports)
     summary = summarize(reports, samples)
+    passed = [r.path for r in reports if r.ok]
     if args.json:
-        json.dump({"summary": summary, "files": [r.to_json() for r in reports]}, sys.stdout)
+        verified, document = _verify_with(args.verify_with, passed, as_json=True)
+        result = {"summary": summary, "files": [r.to_json() for r in reports]}
+        json.dump({**result, "verify": document} if args.verify_with else result, sys.stdout)
         print()
         print_failures(reports, sys.stderr)  # the names, for humans and CI logs
     else:
         print_text(summary, reports, sys.stdout)
-    return 1 if summary["failed"] else 0
+        verified, _ = _verify_with(args.verify_with, passed, as_json=False)
+    return max(1 if summary["failed"] else 0, verified)
+
+
+def _verify_with(model: str | None, paths: list[str], as_json: bool) -> tuple[int, Any]:
+    """`--verify-with MODEL_DIR`: `verify`'s default sample of the files that passed."""
+    if not model:
+        return 0, None
+    if not paths:
+        print("check: no file passed the static checks; nothing to verify", file=sys.stderr)
+        return 0, None
+    from speculators_hybrid.verify.command import verify_paths
+
+    if not as_json:
+        print()
+    return verify_paths(paths, model, as_json=as_json)
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -429,6 +450,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders of them")
     parser.add_argument("--dataset", metavar="ARROW_DIR", help="speculators' prepared dataset")
     parser.add_argument("--json", action="store_true", help="summary and per-file report as JSON")
+    parser.add_argument(
+        "--verify-with",
+        metavar="MODEL_DIR",
+        help="then `speculators-hybrid verify` a sample of the files that passed against this "
+        'model (its default: 32 files, seed 0); JSON: under the key "verify"',
+    )
     parser.set_defaults(func=_check)
 
 

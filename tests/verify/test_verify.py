@@ -232,3 +232,24 @@ def test_missing_transformers_names_the_install(tmp_path: Path) -> None:
         "verify: needs transformers: pip install 'speculators-hybrid[verify]' "
         "(torch, transformers >= 5.6, tqdm)\n"
     )
+
+
+def test_check_verify_with(model_dir: Path, writer: Writer, tmp_path: Path) -> None:
+    """`check --verify-with`: the static checks, then verify on the files that passed them."""
+    import json
+
+    prompt = tokens(9, 16)
+    good = write(tmp_path / "hs_0.safetensors", prompt, writer.states(prompt, IDS))
+    post = write(tmp_path / "hs_1.safetensors", prompt, writer.states(prompt, IDS, post_norm=True))
+    zero = write(tmp_path / "hs_2.safetensors", prompt, torch.zeros(16, 4, 256))
+    code, out, err = cli("check", tmp_path, "--verify-with", model_dir)
+    assert code == 1
+    assert f"FAILED {zero}: every hidden state is zero" in out  # check's own
+    assert "verify: 2 of 2 files (seed 0)" in out  # only the two that passed check
+    assert f"FAILED {post}: id 8:" in out and f"FAILED {good}" not in out
+    code, out, err = cli("check", tmp_path, "--json", "--verify-with", model_dir)
+    doc = json.loads(out)
+    assert code == 1 and doc["summary"]["failed"] == 1
+    assert [f["ok"] for f in doc["verify"]["files"]] == [True, False]
+    code, out, err = cli("check", good, "--verify-with", tmp_path / "nope")
+    assert code == 2 and err.endswith("is not a folder: give the model's folder\n")
