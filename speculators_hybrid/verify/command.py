@@ -209,9 +209,13 @@ def verify_paths(
     out = out or sys.stdout
     settings = {"model": model, "device": where, "dtype": dtype, "seed": seed}
     if not as_json:
+        from speculators_hybrid.verify import rule
+
+        floor = dtype if dtype != "auto" else "each file's dtype"
         print(
             f"verify: {len(chosen)} of {len(files)} files (seed {seed}) against {model} on "
-            f"{where}: float32 truth, floor in {dtype if dtype != 'auto' else 'the files dtype'}",
+            f"{where}: float32 truth, floor in {floor}; per id a file passes when 1 - s <= "
+            f"{rule.K:g} x (1 - s_floor) + {rule.EPS:g} (s: similarity at the worst token)",
             file=out,
         )
     results = []

@@ -42,9 +42,8 @@ class FileResult:
         for r in self.ids:
             if not r.ok:
                 found.append(
-                    f"id {r.layer_id}: similarity {r.similarity:.5f} at token {r.token}, below "
-                    f"the limit {r.limit:.5f} (floor {r.floor:.5f}: {rule.K:g} x its error "
-                    f"+ {rule.EPS:g})"
+                    f"id {r.layer_id}: similarity {r.similarity:.5f} at token {r.token} < limit "
+                    f"{r.limit:.5f} (floor {r.floor:.5f})"
                 )
         return found
 

@@ -22,7 +22,9 @@ K = 3: measured on an H200 with a hidden-5120 hybrid (Qwen3.6-27B widths, 8 laye
 and short prompts that differ more; wrong files (a prefix-cache hit on vLLM 0.25.0) reached
 cosines 0.47-0.79, e >= 0.21, 100x the worst floor and 33x this limit.
 EPS = 1e-4: the allowance where the floor is zero (id 0, the embeddings, is a bf16 lookup
-either way) or tiny; 30x below the smallest floor above id 0 in that measurement (3.4e-4).
+either way) or tiny (transformers' CPU path runs the Gated DeltaNet recurrence in float32: at
+hidden 256 its floor at id 1 is 1.5e-5 while vLLM's files reach 8.6e-5); 3.4x below the smallest
+floor above id 0 at hidden 5120 (3.4e-4). docs/verify.md has the measurements.
 """
 
 from __future__ import annotations
