@@ -14,6 +14,7 @@ from speculators_hybrid.verify import capture, rule
 from speculators_hybrid.vllm_patches.extraction_input import id_problems, speculators_default
 
 TRUTH = torch.float32
+DTYPES = capture.DTYPES
 
 
 @dataclass
@@ -63,7 +64,7 @@ class FileResult:
                     "similarity": _finite(r.similarity),
                     "token": r.token,
                     "floor": _finite(r.floor),
-                    "limit": r.limit,
+                    "limit": _finite(r.limit),
                 }
                 for r in self.ids
             ],
@@ -108,8 +109,7 @@ class Verifier:
         else:
             self.model = capture.load_model(model, device)
         self.n = capture.num_layers(self.model)
-        embed = capture.decoder_stack(self.model).embed_tokens
-        self.vocab, self.hidden = embed.weight.shape
+        self.vocab, self.hidden = self.model.get_input_embeddings().weight.shape
         self.dtype = dtype
         self.ids = ids
 
@@ -171,9 +171,9 @@ class Verifier:
                 "width_mismatch",
                 f"hidden_states is {width} wide, the model's hidden size is {self.hidden}",
             )
-        if len(tokens) == 0:
-            result.error("empty", "no tokens")
-        elif not 0 <= int(tokens.min()) <= int(tokens.max()) < self.vocab:
+        if 0 in states.shape:
+            result.error("empty", f"hidden_states has shape {list(states.shape)}")
+        elif len(tokens) and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.vocab:
             result.error(
                 "bad_tokens", f"token ids outside the model's vocabulary [0, {self.vocab})"
             )
@@ -190,8 +190,12 @@ class Verifier:
         if read is not None:
             states, tokens = read
             ids = result.layer_ids or []
-            truth = capture.hidden_states(self.model, tokens, ids, TRUTH)
-            low = capture.hidden_states(self.model, tokens, ids, capture.DTYPES[result.dtype or ""])
-            result.ids = rule.compare(states, low, truth, ids)
+            try:
+                truth = capture.hidden_states(self.model, tokens, ids, TRUTH)
+                low = capture.hidden_states(self.model, tokens, ids, DTYPES[result.dtype or ""])
+                result.ids = rule.compare(states, low, truth, ids)
+            except (RuntimeError, ValueError) as exc:  # out of memory, a kernel's refusal, ...
+                first = (str(exc).strip().splitlines() or [""])[0]
+                result.error("forward_failed", f"the model's forward failed: {first}")
         result.seconds = time.monotonic() - start
         return result

@@ -253,3 +253,27 @@ def test_check_verify_with(model_dir: Path, writer: Writer, tmp_path: Path) -> N
     assert [f["ok"] for f in doc["verify"]["files"]] == [True, False]
     code, out, err = cli("check", good, "--verify-with", tmp_path / "nope")
     assert code == 2 and err.endswith("is not a folder: give the model's folder\n")
+
+
+def test_malformed_files_fail_by_code(reference, tmp_path: Path) -> None:
+    """Files that are not the contract fail with a code, never a traceback."""
+    from safetensors.torch import save_file
+
+    from speculators_hybrid.verify.files import Verifier
+
+    verifier = Verifier(reference)
+    h = torch.ones(3, 4, 256, dtype=torch.bfloat16)
+    cases = {
+        "missing_key": {"hidden_states": h},
+        "bad_tokens": {"hidden_states": h, "token_ids": torch.tensor([1, 2, 5000])},
+        "empty": {"hidden_states": torch.ones(0, 4, 256), "token_ids": torch.zeros(0).long()},
+        "length_mismatch": {"hidden_states": h, "token_ids": torch.zeros(0).long()},
+        "bad_shape": {"hidden_states": torch.ones(3, 256), "token_ids": torch.tensor([1, 2, 3])},
+    }
+    for code, tensors in cases.items():
+        path = tmp_path / f"{code}.safetensors"
+        save_file(tensors, str(path))
+        assert code in {e["code"] for e in verifier.verify(path).errors}, code
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes((tmp_path / "bad_tokens.safetensors").read_bytes()[:50])
+    assert [e["code"] for e in verifier.verify(broken).errors] == ["unreadable"]
