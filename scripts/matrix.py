@@ -86,6 +86,7 @@ def envs() -> list[Env]:
     ]
     for release, tier in support.VLLM.items():
         tests = f"tests/cpu tests/upstream/test_patched_vllm.py {LAUNCH_WITH_VLLM}"
+        tests += " tests/cli" if release in support.CLI else ""
         select = "" if tier == support.FULL else ' -m "not full_tier"'
         out.append(
             Env(
@@ -249,11 +250,48 @@ def support_table() -> str:
     return TABLE_START + "\n".join(lines) + "\n" + TABLE_END
 
 
+FAMILY_START = "<!-- family table: made by `python scripts/matrix.py table`, do not edit -->\n"
+FAMILY_END = "<!-- end of family table -->\n"
+EXTRACTS, REFUSED = "●", "✗"
+
+
+def family_table() -> str:
+    """README's model family x vLLM release table, from speculators_hybrid/families.py."""
+    from speculators_hybrid.families import FAMILIES
+
+    releases = list(support.VLLM)
+    lines = [
+        f"Hybrid model family x vLLM release (with this plugin): {EXTRACTS} extracts, "
+        f"{REFUSED} refused by `launch` and `doctor` (the model class has no EAGLE-3 hidden "
+        "states there; the last column names the first release that has them). Other (dense) "
+        "models: vLLM's own path. Checked against each release's classes by "
+        "`tests/cpu/test_families.py`.",
+        "",
+        "| model_type | vLLM class | "
+        + " | ".join(r.removeprefix("0.") for r in releases)
+        + " | first release |",
+        "|---|---|" + "---|" * (len(releases) + 1),
+    ]
+    for f in FAMILIES:
+        cells = [EXTRACTS if f.extracts_on(r) else REFUSED for r in releases]
+        lines.append(
+            f"| `{f.model_type}` | `{f.architecture}` | "
+            + " | ".join(cells)
+            + f" | {f.first or f'none up to {releases[-1]}'} |"
+        )
+    return FAMILY_START + "\n".join(lines) + "\n" + FAMILY_END
+
+
 def readme_with_table(text: str) -> str:
-    if TABLE_START not in text or TABLE_END not in text:
-        raise SystemExit("matrix: README.md has no support-table markers")
-    head, rest = text.split(TABLE_START, 1)
-    return head + support_table() + rest.split(TABLE_END, 1)[1]
+    for start, end, make in (
+        (TABLE_START, TABLE_END, support_table),
+        (FAMILY_START, FAMILY_END, family_table),
+    ):
+        if start not in text or end not in text:
+            raise SystemExit(f"matrix: README.md has no markers {start.strip()}")
+        head, rest = text.split(start, 1)
+        text = head + make() + rest.split(end, 1)[1]
+    return text
 
 
 def tools_env() -> Env:

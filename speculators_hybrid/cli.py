@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speculators_hybrid import check, launch, run, upstream
+from speculators_hybrid import __version__, check, doctor, launch, run, upstream
 from speculators_hybrid.plugin import disabled, vllm_patches
 from speculators_hybrid.registry import Patch, Patcher
 from speculators_hybrid.verify import command as verify_command
@@ -59,58 +59,32 @@ def _check(patch: Patch) -> str:
     return "every target matches its fingerprint"
 
 
-def _doctor(args: argparse.Namespace) -> int:
-    from speculators_hybrid import doctor
-
-    if args.model is None and not args.demo:
-        print("doctor: give a model or config directory, or --demo", file=sys.stderr)
-        return 2
-    return doctor.run(
-        None if args.demo else args.model,
-        tuple(args.ids) if args.ids else None,
-        args.tp,
-        args.max_model_len,
-        args.memory,
-        args.prefix_caching,
-        args.json,
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speculators-hybrid", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     patches = sub.add_parser("patches", help="the patches and whether they apply here")
     patches_sub = patches.add_subparsers(dest="action", required=True)
-    patches_sub.add_parser("list").set_defaults(func=_patches_list)
+    patches_sub.add_parser(
+        "list",
+        help="each patch: targets, versions, upstream fix, whether it applies here",
+        description="Each patch with its targets, versions and upstream fix; for those that "
+        "apply to the installed vLLM / speculators, whether every target matches its "
+        "fingerprint (so the plugin would patch it).",
+    ).set_defaults(func=_patches_list)
     upstream.add_cli(patches_sub)  # check, unpack, export: the diffs under patches/
 
-    doc = sub.add_parser("doctor", help="vLLM's KV-cache plan for extraction, with and without us")
-    doc.add_argument("model", nargs="?", help="model or config directory (config.json is enough)")
-    doc.add_argument(
-        "--demo",
-        action="store_true",
-        help="use a built-in Qwen3.6-27B-like hybrid config (no network, no weights)",
-    )
-    doc.add_argument(
-        "--ids",
-        type=int,
-        nargs="+",
-        help="target layer ids (default: speculators' [2, n//2, n-3, n])",
-    )
-    doc.add_argument("--tp", type=int, default=1)
-    doc.add_argument("--max-model-len", type=int, default=262144)
-    doc.add_argument("--memory", type=float, default=256.0, help="KV-cache memory in GiB")
-    doc.add_argument("--prefix-caching", action="store_true")
-    doc.add_argument("--json", action="store_true")
-    doc.set_defaults(func=_doctor)
-
+    doctor.add_cli(sub)
     launch.add_cli(sub)
     check.add_cli(sub)
     run.add_cli(sub)
     verify_command.add_cli(sub)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return int(args.func(args))
 
 

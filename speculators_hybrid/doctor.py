@@ -5,13 +5,15 @@ from a config directory alone. `--json` output is described in docs/doctor.md.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import sys
 import tempfile
+import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from speculators_hybrid import planning
@@ -94,6 +96,20 @@ def per_token(specs: dict[str, Any]) -> PerToken:
     return out
 
 
+def vllm_error(exc: BaseException) -> str:
+    """vLLM's error in one line: a config's pydantic ValidationError as its messages alone
+    (no `input_value=ArgsKwargs(...)` echo, no errors.pydantic.dev link)."""
+    errors = getattr(exc, "errors", None)
+    if type(exc).__name__ == "ValidationError" and callable(errors):
+        try:
+            messages = [str(e.get("msg", "")) for e in errors()]
+        except Exception:  # noqa: BLE001 (not pydantic's after all)
+            messages = []
+        if messages:
+            return " ".join(m.removeprefix("Value error, ") for m in messages)
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
 def plan_once(name: str, setup: planning.Setup, memory_bytes: int) -> tuple[Plan, Any, Any]:
     """One plan with vLLM's own code; returns it with the config and specs it used."""
     from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
@@ -114,7 +130,7 @@ def plan_once(name: str, setup: planning.Setup, memory_bytes: int) -> tuple[Plan
         specs = planning.layer_specs(config)
         kv = planning.plan(config, specs, memory_bytes)
     except Exception as exc:  # vLLM's own start-up error is the finding
-        result.error = f"{type(exc).__name__}: {exc}"
+        result.error = vllm_error(exc)
         return result, config, specs
     finally:
         result.patches = [p.id for p in PATCHER.selected] if name == "shim" else []
@@ -127,26 +143,36 @@ def plan_once(name: str, setup: planning.Setup, memory_bytes: int) -> tuple[Plan
     return result, config, specs
 
 
-def default_ids(model: str) -> tuple[int, ...]:
-    """speculators' default target layer ids for this model: [2, n//2, n-3, n]."""
-    from speculators_hybrid.launcher.target import load
+def preflight(target: Any, ids: tuple[int, ...] | None, tp: int) -> tuple[int, ...]:
+    """The ids (speculators' default if none), after the checks `launch` makes, in well under a
+    second and before vLLM is imported: the config, the ids, TP against the heads, the model
+    family on this vLLM (speculators_hybrid/families.py). Raises LaunchError (one line)."""
+    from speculators_hybrid import families
+    from speculators_hybrid.launcher import LaunchError
+    from speculators_hybrid.launcher.adjust import check_layer_ids
+    from speculators_hybrid.launcher.target import tp_error
+    from speculators_hybrid.versions import installed
+    from speculators_hybrid.vllm_patches.extraction_input import speculators_default
 
-    n = load(model).num_layers
-    return (2, n // 2, n - 3, n)
-
-
-def warnings_for(setup: planning.Setup, model: str, plans: dict[str, Plan]) -> list[str]:
-    from speculators_hybrid.launcher.adjust import id_problems
-    from speculators_hybrid.launcher.target import load
-
-    out = []
-    n = load(model).num_layers
-    problems = id_problems(list(setup.layer_ids or ()), n)
-    if problems:
-        out.append(
-            f"layer ids {list(setup.layer_ids or ())}: {'; '.join(problems)} (n = {n}); "
-            "extraction would fail or write wrong files."
+    ids = ids or tuple(speculators_default(target.num_layers))
+    check_layer_ids(list(ids), target)
+    message = tp_error(target, tp)
+    if message is not None:
+        raise LaunchError(message)
+    vllm = installed("vllm")
+    message = families.refusal(target.model_type, vllm)
+    if message is not None:
+        raise LaunchError(message)
+    if vllm is None:
+        raise LaunchError(
+            "doctor plans with vLLM's own code, and vLLM is not installed for this Python: "
+            "install the release you serve with (pip install vllm==RELEASE)"
         )
+    return ids
+
+
+def warnings_for(setup: planning.Setup, plans: dict[str, Plan]) -> list[str]:
+    out = []
     if setup.chunked_prefill is False:
         out.append("this vLLM refuses chunked prefill with the connector: planned without it.")
     shim = plans["shim"]
@@ -175,14 +201,15 @@ def report(
     model: str,
     ids: tuple[int, ...] | None,
     tp: int,
-    max_model_len: int,
+    max_model_len: int | None,
     memory_gib: float,
     prefix_caching: bool,
 ) -> dict[str, Any]:
     from speculators_hybrid import __version__
+    from speculators_hybrid.launcher.target import load
     from speculators_hybrid.versions import installed
 
-    ids = ids or default_ids(model)
+    ids = ids or preflight(load(model), None, tp)
     setup = planning.Setup(
         model=model,
         layer_ids=ids,
@@ -193,14 +220,23 @@ def report(
     )
     memory = int(memory_gib * GIB)
     plans: dict[str, Plan] = {}
-    plans["no-extraction"], _, _ = plan_once(
+    plans["no-extraction"], plain_config, plain_specs = plan_once(
         "no-extraction", planning.Setup(**{**asdict(setup), "layer_ids": None}), memory
     )
+    if plain_config is not None:  # vLLM's own max_model_len, derived from the config if not given
+        setup = planning.Setup(
+            **{**asdict(setup), "max_model_len": plain_config.model_config.max_model_len}
+        )
     plans["stock"], _, _ = plan_once("stock", setup, memory)
     plans["shim"], _, specs = plan_once("shim", setup, memory)
-    bytes_ = per_token(specs) if specs else PerToken()
+    # True bytes from the layers' specs: the shim's plan, else the target's own layers (the
+    # no-extraction plan's) and the extraction layer's size (ids x hidden size x dtype bytes).
+    bytes_ = per_token(specs or plain_specs or {})
+    if not specs and plain_config is not None:
+        served = plain_config.model_config
+        bytes_.hidden_bytes_per_token = len(ids) * served.get_hidden_size() * served.dtype.itemsize
     base = plans["no-extraction"].request_bytes
-    target = base + bytes_.hidden_bytes_per_token * max_model_len
+    target = base + bytes_.hidden_bytes_per_token * (setup.max_model_len or 0) if base else 0
     return {
         "schema": SCHEMA,
         "speculators_hybrid_version": __version__,
@@ -215,35 +251,104 @@ def report(
             if k != "no-extraction"
         },
         "plans": [asdict(plans[k]) for k in PLANS],
-        "warnings": warnings_for(setup, model, plans),
+        "warnings": warnings_for(setup, plans),
     }
+
+
+DEMO = "qwen3.6-27b-like"
+
+
+def quiet_vllm(verbose: bool) -> None:
+    """vLLM's logs go to stderr (stdout is the report); without `verbose`, only what stops it."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "CRITICAL")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def run(
     model: str | None,
     ids: tuple[int, ...] | None,
     tp: int,
-    max_model_len: int,
+    max_model_len: int | None,
     memory_gib: float,
     prefix_caching: bool,
     as_json: bool,
+    verbose: bool = False,
 ) -> int:
-    from speculators_hybrid import cpu
+    """The report for `model` (None: the built-in demo config); 0 when extraction plans with
+    the patches, 1 when it does not, 2 for bad input (one line on stderr)."""
+    from speculators_hybrid.launcher import LaunchError
+    from speculators_hybrid.launcher.target import load
 
-    if as_json:  # stdout is for the JSON alone: vLLM logs to stdout by default
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    cpu.prepare()
-    from vllm.plugins import load_general_plugins
+    with tempfile.TemporaryDirectory(prefix="spec-hybrid-demo-") as demo:
+        try:
+            if model is None:
+                from speculators_hybrid.models import write_config
 
-    load_general_plugins()
-    if model is None:
-        from speculators_hybrid.models import write_config
+                path = str(write_config(demo, DEMO))
+                target = replace(load(path), model=f"the built-in {DEMO} config")
+            else:
+                path = model
+                target = load(model)
+            ids = preflight(target, ids, tp)
+        except LaunchError as exc:
+            print(f"speculators-hybrid doctor: error: {exc}", file=sys.stderr)
+            return 2
+        quiet_vllm(verbose)
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            if not verbose:  # vLLM's and transformers' deprecation notes
+                warnings.simplefilter("ignore")
+            from speculators_hybrid import cpu
 
-        model = str(write_config(tempfile.mkdtemp(prefix="spec-hybrid-demo-"), "qwen3.6-27b-like"))
-    with contextlib.redirect_stdout(sys.stderr if as_json else sys.stdout):
-        out = report(model, ids, tp, max_model_len, memory_gib, prefix_caching)
+            cpu.prepare()
+            from vllm.plugins import load_general_plugins
+
+            load_general_plugins()  # stdout is for the report: vLLM's prints go to stderr
+            out = report(path, ids, tp, max_model_len, memory_gib, prefix_caching)
+    out["setup"]["model"] = target.model
+    out["verdict"] = verdict(out)
     print(json.dumps(out, indent=2) if as_json else render(out))
     return 0 if out["plans"][-1]["ok"] else 1
+
+
+def verdict(out: dict[str, Any]) -> str:
+    """One line: does extraction plan here, what one max-length request costs, and stock's."""
+    plain, stock, shim = out["plans"]
+    vllm, length = out["vllm_version"], out["setup"]["max_model_len"]
+    if not plain["ok"]:
+        hint = (
+            " Pass --max-model-len N (at most what the model allows)."
+            if "max_model_len" in plain["error"]
+            else ""
+        )
+        return f"vLLM {vllm} cannot plan this model even without extraction (above).{hint}"
+    if not shim["ok"]:
+        return f"hidden-state extraction does not start on vLLM {vllm}, even with the patches."
+    ratio = out["ratio_to_target"]["shim"]
+    on_stock = (
+        "stock vLLM does not start"
+        if not stock["ok"]
+        else f"stock vLLM reserves {size(stock['request_bytes'])} for it"
+    )
+    return (
+        f"hidden-state extraction works on vLLM {vllm} with speculators-hybrid: one "
+        f"{length:,}-token request needs {size(shim['request_bytes'])}"
+        + (f" ({ratio:.2f}x the target)" if ratio else "")
+        + f"; {on_stock}."
+    )
+
+
+LEGEND = (
+    "legend: each row is `groups` KV-cache groups of `x layers` layers each, of one spec kind; "
+    "block: tokens per block (a state layer keeps one block per request, whatever its length); "
+    "page bytes: what one block of one layer takes; used bytes: the part holding data, the "
+    "rest is padding. target: the plan without extraction plus the hidden states' own bytes."
+)
+
+
+def size(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / (1 << 20):.1f} MiB"
 
 
 def _on(flag: bool) -> str:
@@ -254,19 +359,26 @@ def render(out: dict[str, Any]) -> str:
     s, b = out["setup"], out["bytes"]
     lines = [
         f"model {s['model']}  ids {list(s['layer_ids'])}  tp {s['tp']}  max_model_len "
-        f"{s['max_model_len']:,}  prefix caching {_on(s['prefix_caching'])}  "
+        f"{s['max_model_len'] or 0:,}  prefix caching {_on(s['prefix_caching'])}  "
         f"KV memory {out['memory_gib']:g} GiB  vLLM {out['vllm_version']}",
-        f"true bytes: attention {b['attention_bytes_per_token']:,}/token ({b['attention_layers']} "
-        f"layers); state {b['state_bytes_per_request']:,}/request ({b['state_layers']} layers); "
-        f"hidden states {b['hidden_bytes_per_token']:,}/token",
-        f"target for one max-length request: no-extraction plan + hidden states = "
-        f"{out['request_target_bytes'] / GIB:.1f} GiB",
     ]
+    if b["attention_layers"] or b["state_layers"]:
+        lines.append(
+            f"true bytes: attention {b['attention_bytes_per_token']:,}/token "
+            f"({b['attention_layers']} layers); state {b['state_bytes_per_request']:,}/request "
+            f"({b['state_layers']} layers); hidden states {b['hidden_bytes_per_token']:,}/token"
+        )
+    if out["request_target_bytes"]:
+        lines.append(
+            "target for one max-length request: no-extraction plan + hidden states = "
+            f"{size(out['request_target_bytes'])}"
+        )
+    lines.append(LEGEND)
     for p in out["plans"]:
         lines += ["", f"== {TITLES[p['name']]}"]
         if p["patches"]:
             lines.append(f"   patches: {', '.join(p['patches'])}")
-        if p["name"] != "no-extraction":
+        if p["name"] != "no-extraction" and p["connector"]:  # empty: no config was built
             lines.append(
                 f"   hybrid KV cache manager {_on(p['hma_enabled'])}; "
                 f"connector {p['connector']}; prefix caching {_on(p['prefix_caching'])}"
@@ -286,9 +398,79 @@ def render(out: dict[str, Any]) -> str:
         ratio = out["ratio_to_target"].get(p["name"])
         lines.append(
             f"   engine block {p['block_size']}; one max-length request needs "
-            f"{p['request_bytes'] / GIB:.1f} GiB"
+            f"{size(p['request_bytes'])}"
             + (f" ({ratio:.2f}x target)" if ratio else "")
             + f"; KV capacity {p['capacity_tokens']:,} tokens"
         )
     lines += [f"warning: {w}" for w in out["warnings"]]
+    lines += ["", f"verdict: {out['verdict']}"]
     return "\n".join(lines)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    if (args.model is None) == (not args.demo):
+        print(
+            "speculators-hybrid doctor: error: give a model or config directory, or --demo "
+            "(not both)",
+            file=sys.stderr,
+        )
+        return 2
+    return run(
+        args.model,
+        tuple(args.ids) if args.ids else None,
+        args.tp,
+        args.max_model_len,
+        args.memory,
+        args.prefix_caching,
+        args.json,
+        args.verbose,
+    )
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Register `doctor` on the `speculators-hybrid` subcommands."""
+    doc = subparsers.add_parser(
+        "doctor",
+        help="vLLM's KV-cache plan for extraction, with and without us (CPU, config.json only)",
+        description=(__doc__ or "").split("`--json`")[0].strip(),
+        epilog="Exit status: 0 extraction plans with the patches, 1 it does not, 2 bad input.",
+    )
+    doc.add_argument("model", nargs="?", help="model or config directory (config.json is enough)")
+    doc.add_argument(
+        "--demo",
+        action="store_true",
+        help=f"use the built-in {DEMO} hybrid config (no network, no weights)",
+    )
+    doc.add_argument(
+        "--ids",
+        type=int,
+        nargs="+",
+        metavar="ID",
+        help="target layer ids (default: speculators' [2, n//2, n-3, n])",
+    )
+    doc.add_argument(
+        "--tp", type=int, default=1, metavar="N", help="tensor parallel size (default 1)"
+    )
+    doc.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="N",
+        help="tokens per request (default: what vLLM derives from the model's config)",
+    )
+    doc.add_argument(
+        "--memory",
+        type=float,
+        default=256.0,
+        metavar="GIB",
+        help="KV-cache memory the capacity is computed for, in GiB (default 256)",
+    )
+    doc.add_argument(
+        "--prefix-caching", action="store_true", help="plan with prefix caching on (default off)"
+    )
+    doc.add_argument(
+        "--json", action="store_true", help="the report as JSON on stdout (docs/doctor.md)"
+    )
+    doc.add_argument(
+        "-v", "--verbose", action="store_true", help="show vLLM's own logs (on stderr)"
+    )
+    doc.set_defaults(func=_cli)

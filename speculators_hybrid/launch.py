@@ -20,6 +20,7 @@ from speculators_hybrid.versions import installed
 
 PROG = "speculators-hybrid launch"
 DRY_RUN = "--dry-run"
+DRY_RUN_BANNER = "Would run (--dry-run, nothing started):"
 
 
 def log(message: str) -> None:
@@ -56,15 +57,20 @@ def split_args(argv: list[str]) -> tuple[str | None, bool, list[str]]:
 def plan(argv: list[str]) -> tuple[Command, bool]:
     """The final command for `launch ARGV`, and whether this is a dry run."""
     launcher, dry_run, rest = split_args(argv)
+    notes: list[str] = []  # about the ids, said once the command is accepted
     if launcher is not None:
-        cmd = intercept.capture(launcher, rest)
+        cmd = intercept.capture(launcher, rest, notes.append)
     else:
         cmd, args = builtin.build(rest)
         if args.launcher is not None:
             raise LaunchError("write --launcher PATH in full, before MODEL")
         dry_run = dry_run or args.dry_run
+        notes += [args.ids_note] if args.ids_note else []
     tgt = target.load(cmd.model())
-    return adjust.for_target(cmd, tgt, rest, installed("vllm"), log), dry_run
+    cmd = adjust.for_target(cmd, tgt, rest, installed("vllm"), log)
+    for note in notes:
+        log(note)
+    return cmd, dry_run
 
 
 def execute(cmd: Command) -> None:
@@ -83,7 +89,7 @@ def execute(cmd: Command) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         cmd, dry_run = plan(list(sys.argv[1:] if argv is None else argv))
-        print(intercept.BANNER)
+        print(DRY_RUN_BANNER if dry_run else intercept.BANNER)
         print(shlex.join(cmd.argv), flush=True)
         if dry_run:
             return 0
@@ -111,7 +117,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         add_help=False,
         prefix_chars="\0",
     )
-    p.add_argument("argv", nargs=argparse.REMAINDER)
+    p.add_argument(
+        "argv",
+        nargs=argparse.REMAINDER,
+        help="[--launcher PATH] MODEL [launcher options] [-- vLLM args] (`launch --help`)",
+    )
     p.set_defaults(func=_run)
 
 

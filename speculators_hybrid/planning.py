@@ -20,7 +20,7 @@ class Setup:
     layer_ids: tuple[int, ...] | None = (2, 32, 61, 64)  # None: no extraction
     tp: int = 1
     prefix_caching: bool = False
-    max_model_len: int = 262144
+    max_model_len: int | None = 262144  # None: vLLM derives it from the config
     language_model_only: bool = True
     chunked_prefill: bool | None = None  # None: vLLM's default
 
@@ -93,37 +93,66 @@ def hidden_state_layer(config: Any) -> tuple[str, Any]:
     return name, layer
 
 
+ATTENTION_TYPES = frozenset({"full_attention", "attention"})
+STATE_TYPES = frozenset({"linear_attention", "mamba"})
+NO_CACHE_TYPES = frozenset({"mlp", "moe"})  # Nemotron-H's MLP and MoE layers
+PATTERN = {"*": "full_attention", "M": "mamba", "-": "mlp", "E": "moe"}  # hybrid_override_pattern
+# vLLM's `mamba_type` of the state layers, by model type (Gated DeltaNet otherwise).
+MAMBA_TYPES = {"nemotron_h": "mamba2"}
+
+
+def layer_kinds(text: Any) -> list[str]:
+    """Per decoder layer: "attention", the state layers' vLLM `mamba_type`, or "" (no cache:
+    an MLP or MoE layer). From `layer_types` (transformers derives it for Nemotron-H from
+    `hybrid_override_pattern`), that pattern, else every layer full attention (dense)."""
+    types = getattr(text, "layer_types", None)
+    if not types and getattr(text, "hybrid_override_pattern", None):
+        types = [PATTERN.get(c, c) for c in text.hybrid_override_pattern]
+    if not types:
+        return ["attention"] * text.num_hidden_layers
+    known = ATTENTION_TYPES | STATE_TYPES | NO_CACHE_TYPES
+    unknown = sorted({str(t) for t in types if t not in known})
+    if unknown:
+        raise ValueError(f"doctor does not plan layers of type {unknown} yet")
+    state = MAMBA_TYPES.get(getattr(text, "model_type", ""), "gdn_attention")
+    return [
+        "attention" if t in ATTENTION_TYPES else state if t in STATE_TYPES else "" for t in types
+    ]
+
+
 def model_layer_specs(config: Any) -> dict[str, Any]:
-    """Per-layer specs of the target's own layers, as its attention and GDN layers report them."""
+    """Per-layer specs of the target's own layers, as its attention and state layers report
+    them."""
     from vllm.model_executor.models import ModelRegistry
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
     model = config.model_config
     cache = config.cache_config
-    text = model.hf_text_config
-    model_cls, _ = ModelRegistry.resolve_model_cls(model.architecture, model_config=model)
-    mamba = dict(
-        shapes=tuple(model_cls.get_mamba_state_shape_from_config(config)),
-        dtypes=model_cls.get_mamba_state_dtype_from_config(config),
-        block_size=cache.mamba_block_size,
-        page_size_padded=cache.mamba_page_size_padded,
-        mamba_type="gdn_attention",
-        mamba_cache_mode=cache.mamba_cache_mode,
-        num_speculative_blocks=(
-            config.speculative_config.num_speculative_tokens if config.speculative_config else 0
-        ),
-    )
+    kinds = layer_kinds(model.hf_text_config)
     specs: dict[str, Any] = {}
-    for i, kind in enumerate(text.layer_types):
-        if kind == "full_attention":
+    mamba: dict[str, Any] = {}
+    if any(k not in ("attention", "") for k in kinds):
+        model_cls, _ = ModelRegistry.resolve_model_cls(model.architecture, model_config=model)
+        mamba = dict(
+            shapes=tuple(model_cls.get_mamba_state_shape_from_config(config)),
+            dtypes=model_cls.get_mamba_state_dtype_from_config(config),
+            block_size=cache.mamba_block_size,
+            page_size_padded=cache.mamba_page_size_padded,
+            mamba_cache_mode=cache.mamba_cache_mode,
+            num_speculative_blocks=(
+                config.speculative_config.num_speculative_tokens if config.speculative_config else 0
+            ),
+        )
+    for i, kind in enumerate(kinds):
+        if kind == "attention":
             specs[f"model.layers.{i}.self_attn.attn"] = FullAttentionSpec(
                 block_size=cache.block_size,
                 num_kv_heads=model.get_num_kv_heads(config.parallel_config),
                 head_size=model.get_head_size(),
                 dtype=model.dtype,
             )
-        else:
-            specs[f"model.layers.{i}.linear_attn"] = MambaSpec(**mamba)
+        elif kind:
+            specs[f"model.layers.{i}.linear_attn"] = MambaSpec(**mamba, mamba_type=kind)
     return specs
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 
@@ -53,17 +54,27 @@ def _run(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        print("run: give a command after --, e.g. run -- torchrun ...", file=sys.stderr)
+        print(
+            "speculators-hybrid run: error: give a command after --, e.g. run -- torchrun ...",
+            file=sys.stderr,
+        )
         return 2
     if not args.quiet:
         print(f"speculators-hybrid run: {_plan()}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    try:
-        os.execvpe(cmd[0], cmd, child_env(os.environ))
-    except OSError as exc:
-        print(f"run: cannot run {cmd[0]!r}: {exc}", file=sys.stderr)
+    env = child_env(os.environ)
+    if os.sep not in cmd[0] and shutil.which(cmd[0], path=env.get("PATH")) is None:
+        print(f"speculators-hybrid run: error: {cmd[0]}: command not found", file=sys.stderr)
         return 127
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as exc:
+        print(
+            f"speculators-hybrid run: error: cannot run {cmd[0]}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 126 if isinstance(exc, PermissionError) else 127
     return 0  # not reached
 
 

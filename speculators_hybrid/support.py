@@ -40,3 +40,6 @@ SPECULATORS_VLLM = "0.20.1"
 
 # Releases with a GPU proof on an H200 (tests/gpu/results/), and the model runner it ran.
 GPU_PROVEN: dict[str, str] = {"0.20.1": "V1", "0.24.0": "V1", "0.25.0": "V1"}
+
+# Releases whose env also runs tests/cli (the CLI as a subprocess with vLLM: doctor's plans).
+CLI: tuple[str, ...] = ("0.20.1", "0.25.0")

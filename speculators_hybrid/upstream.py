@@ -287,7 +287,12 @@ def add_cli(patches_sub: argparse._SubParsersAction) -> None:
     source = dict(type=Path, help="a folder holding the pristine package, instead of the wheel")
 
     check_parser = patches_sub.add_parser("check", help="do the diffs apply to their releases?")
-    check_parser.add_argument("--project", action="append", choices=("vllm", "speculators"))
+    check_parser.add_argument(
+        "--project",
+        action="append",
+        choices=("vllm", "speculators"),
+        help="only this project's diffs (repeatable; default both)",
+    )
     check_parser.add_argument("--version", action="append", help="a release (default: all)")
     check_parser.add_argument("--source", **source)  # type: ignore[arg-type]
     check_parser.add_argument("--root", **root)  # type: ignore[arg-type]
@@ -300,8 +305,13 @@ def add_cli(patches_sub: argparse._SubParsersAction) -> None:
         "export", help="regenerate a release's diffs from a repo"
     )
     for parser in (unpack_parser, export_parser):
-        parser.add_argument("--project", default="vllm", choices=("vllm", "speculators"))
-        parser.add_argument("--version", required=True)
+        parser.add_argument(
+            "--project",
+            default="vllm",
+            choices=("vllm", "speculators"),
+            help="whose release (default vllm)",
+        )
+        parser.add_argument("--version", required=True, help="the release, e.g. 0.20.1")
         parser.add_argument("--root", **root)  # type: ignore[arg-type]
     unpack_parser.add_argument("dest", help="a new folder")
     unpack_parser.add_argument("--source", **source)  # type: ignore[arg-type]

@@ -10,9 +10,10 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from speculators_hybrid import families
 from speculators_hybrid.launcher import LaunchError
 from speculators_hybrid.launcher.command import Command
-from speculators_hybrid.launcher.target import Target
+from speculators_hybrid.launcher.target import Target, tp_error
 from speculators_hybrid.vllm_patches.extraction_input import id_problems as id_problems
 from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error
 from speculators_hybrid.vllm_patches.hidden_read import PATCH as READ_SLOTS
@@ -27,8 +28,7 @@ FIRST_LANGUAGE_ONLY = Version("0.20.1")  # MultiModalConfig.language_model_only
 STOCK_REFUSES_CHUNKED = (Version("0.22.0"), Version("0.24.0"))
 OWN_CONNECTOR_BEFORE = Version("0.22")  # below it our connector writes the files (writer.py)
 FIRST_WAITING_READER = Version("0.6")  # speculators' readers wait on `<path>.lock` from 0.6.0
-# Model classes with no EAGLE-3 auxiliary hidden states in vLLM (extraction fails at run time).
-NO_AUX_STATES = ("granitemoehybrid", "falcon_h1", "jamba", "bamba", "zamba2", "lfm2")
+TP_FLAGS = ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")
 
 Log = Callable[[str], None]
 
@@ -38,6 +38,22 @@ def check_layer_ids(ids: Sequence[Any], target: Target) -> None:
     message = layer_ids_error(ids, target.num_layers, target.model, "text_config" in target.config)
     if message is not None:
         raise LaunchError(message)
+
+
+def check_family(target: Target, vllm: str | None) -> None:
+    """Refuse a model family that has no EAGLE-3 hidden states on this vLLM (families.py)."""
+    message = families.refusal(target.model_type, vllm)
+    if message is not None:
+        raise LaunchError(message)
+
+
+def check_tp(cmd: Command, target: Target) -> None:
+    """Refuse a tensor parallel size that does not divide the model's heads (target.tp_error)."""
+    raw = cmd.option(TP_FLAGS)
+    if raw is not None and raw.strip().isdigit():
+        message = tp_error(target, int(raw))
+        if message is not None:
+            raise LaunchError(message)
 
 
 def _plugins_env(env: dict[str, str], log: Log) -> dict[str, str] | None:
@@ -106,12 +122,7 @@ def _version(text: str | None) -> Version | None:
 def vllm_notes(version: str | None, argv: list[str], target: Target, plugin: bool) -> list[str]:
     """Known problems of the installed vLLM with hybrid extraction, and what the plugin (if it
     will run) does about them; notes only, the command is not changed here."""
-    notes = []
-    if target.model_type in NO_AUX_STATES:
-        notes.append(
-            f"warning: vLLM's {target.model_type} has no EAGLE-3 auxiliary hidden states: "
-            "extraction will fail at run time"
-        )
+    notes: list[str] = []
     v = _version(version)
     if v is None:
         return notes + ["warning: vLLM not found for this Python (or its version unreadable)"]
@@ -175,6 +186,8 @@ def for_hybrid(
     if not target.hybrid:
         return cmd
     check_layer_ids(cmd.layer_ids(), target)
+    check_family(target, vllm)
+    check_tp(cmd, target)
     argv = chunked_prefill(list(cmd.argv), user_args, vllm, log)
     if target.multimodal and not any(
         "language-model-only" in a or "language_model_only" in a for a in argv

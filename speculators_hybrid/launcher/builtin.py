@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from typing import Any
 
 from speculators_hybrid.launcher import target
@@ -79,33 +78,35 @@ def parser(registry: dict[str, Any]) -> argparse.ArgumentParser:
     return p
 
 
-def layer_ids(args: argparse.Namespace, n: int) -> list[int]:
+def layer_ids(args: argparse.Namespace, n: int) -> tuple[list[int], str | None]:
+    """speculators' default, or the given ids sorted with n appended unless turned off; and
+    the note to print once the command is accepted (main's launcher warns instead)."""
     if not args.target_layer_ids:
-        return [2, n // 2, n - 3, n]
+        return [2, n // 2, n - 3, n], None
     ids = list(args.target_layer_ids)
-    if args.include_last_layer and n not in ids:
-        ids.append(n)
-    warnings.warn(
-        f"Using custom target layer ids {ids}. These must also be explicitly passed into the "
-        "training script.",
-        stacklevel=2,
+    added = args.include_last_layer and n not in ids
+    ids = sorted([*ids, n] if added else ids)
+    note = (
+        f"target layer ids {ids}"
+        + (f" ({n}, the last layer, added: --no-include-last-layer leaves it out)" if added else "")
+        + ": give the training script the same ids"
     )
-    return ids
+    return ids, note
 
 
 def build(argv: list[str]) -> tuple[Command, argparse.Namespace]:
-    """The command main's launcher would exec for `argv`, and the parsed arguments."""
+    """The command main's launcher would exec for `argv`, and the parsed arguments (with
+    `ids_note`, what to say about custom ids)."""
     registry = backends()
     args, vllm_args = parser(registry).parse_known_args(argv)
     if "--" in vllm_args:
         vllm_args.remove("--")
     n = target.load(args.model).num_layers
+    ids, args.ids_note = layer_ids(args, n)
     speculative = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
-        "draft_model_config": {
-            "hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids(args, n)}
-        },
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
     }
     kv_transfer = registry[args.hidden_states_backend].build_kv_transfer_config(args)
     argv_out = [

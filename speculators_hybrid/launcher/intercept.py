@@ -10,6 +10,7 @@ import runpy
 import shlex
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -79,6 +80,21 @@ def _intercepted(script: Path, args: list[str]) -> Iterator[None]:
         sys.argv, sys.path[:], subprocess.Popen = saved  # type: ignore[misc]
 
 
+@contextlib.contextmanager
+def _warnings_to(log: Callable[[str], None] | None) -> Iterator[None]:
+    """The launcher's warnings (speculators' `Using custom target layer ids`) as log lines."""
+    if log is None:
+        yield
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for warning in caught:
+                log(f"launcher: {' '.join(str(warning.message).split())}")
+
+
 def _without_banner(text: str) -> str:
     """The launcher's own output less its `Running command:` block (we print the final one)."""
     lines = text.splitlines(keepends=True)
@@ -88,8 +104,10 @@ def _without_banner(text: str) -> str:
     return text
 
 
-def capture(script: str, args: list[str]) -> Command:
-    """The command `python SCRIPT ARGS...` would exec; the launcher's other output is kept."""
+def capture(script: str, args: list[str], log: Callable[[str], None] | None = None) -> Command:
+    """The command `python SCRIPT ARGS...` would exec; the launcher's other output is kept,
+    and its Python warnings are given to `log` as one line each (shown as they come without
+    it)."""
     path = Path(script).expanduser()
     try:
         with path.open("rb"):
@@ -100,7 +118,11 @@ def capture(script: str, args: list[str]) -> Command:
         raise LaunchError(f"launcher {script} is not a file")
     out = io.StringIO()
     try:
-        with _intercepted(path.resolve(), args), contextlib.redirect_stdout(out):
+        with (
+            _intercepted(path.resolve(), args),
+            contextlib.redirect_stdout(out),
+            _warnings_to(log),
+        ):
             runpy.run_path(str(path), run_name="__main__")
     except _Exec as caught:
         sys.stdout.write(_without_banner(out.getvalue()))

@@ -78,6 +78,42 @@ class Target:
         return str(self.text.get("model_type") or self.config.get("model_type") or "?")
 
 
+# Head counts tensor parallelism must divide (attention, Gated DeltaNet, Mamba-2), as vLLM's
+# layers assert; KV heads and Mamba-2 groups may also be replicated (TP a multiple of them).
+TP_SPLIT = (
+    "num_attention_heads",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "mamba_num_heads",
+)
+TP_SPLIT_OR_REPLICATE = ("num_key_value_heads", "n_groups")
+
+
+def _tp_fits(config: dict[str, Any], tp: int) -> list[str]:
+    misfits = []
+    for key in (*TP_SPLIT, *TP_SPLIT_OR_REPLICATE):
+        n = config.get(key)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            continue
+        if n % tp and not (key in TP_SPLIT_OR_REPLICATE and tp % n == 0):
+            misfits.append(f"{key} {n}")
+    return misfits
+
+
+def tp_error(target: Target, tp: int) -> str | None:
+    """Why `tp` ranks cannot split this model's heads (None: they can), with sizes that fit."""
+    if tp < 1:
+        return f"tensor parallel size {tp}: it must be 1 or more"
+    misfits = _tp_fits(target.text, tp)
+    if not misfits:
+        return None
+    fits = [str(t) for t in range(1, 65) if not _tp_fits(target.text, t)]
+    return (
+        f"tensor parallel size {tp} does not divide {target.model}'s {', '.join(misfits)}; "
+        f"sizes that fit: {', '.join(fits)}"
+    )
+
+
 def _hub_cache() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])

@@ -57,7 +57,6 @@ SHIM_ONLY = (  # existing tests of that kind, by name
     "test_loader_switches",
     "test_patches_list_says_what_applies_here",
     "test_doctor_json_shows_the_memory_target_met",  # doctor compares stock with the shim
-    "test_doctor_warns_about_ids_that_cannot_work",
     "test_torch_compile_keeps_each_behaviour[stock]",  # a name with parameters: that case only
     "test_id_zero_stays_the_embeddings",  # asserts the shim's method (and the text-only shim)
 )

@@ -36,10 +36,3 @@ def test_doctor_json_shows_the_memory_target_met(shim, capsys):
     assert kinds["MambaSpec"]["count"] == 48 and kinds["FullAttentionSpec"]["count"] == 16
     assert sum(g["count"] for g in ours["groups"]) == 65
     assert "hidden-states-own-page-size" in ours["patches"]
-
-
-def test_doctor_warns_about_ids_that_cannot_work(shim, capsys):
-    code = main(["doctor", model_dir("tiny"), "--ids", "2", "2", "9", "--max-model-len", "4096"])
-    text = capsys.readouterr().out
-    assert "duplicated [2]" in text and "outside [0, 8]: [9]" in text
-    assert code in (0, 1)

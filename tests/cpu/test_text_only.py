@@ -305,7 +305,7 @@ def test_launch_dry_run_command_is_accepted_by_vllm(shim, capsys):
     assert launch.main([model_dir("text"), "--dry-run"]) == 0
     cmd, dry_run = launch.plan([model_dir("text"), "--dry-run"])
     assert dry_run and "--language-model-only" not in cmd.argv
-    assert "Running command:" in capsys.readouterr().out
+    assert launch.DRY_RUN_BANNER in capsys.readouterr().out
     model, *rest = cmd.argv[cmd.argv.index("serve") + 1 :]
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
     args = parser.parse_args(["--model", model, "--max-model-len", "4096", *rest])

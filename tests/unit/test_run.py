@@ -85,9 +85,14 @@ def test_an_existing_sitecustomize_still_runs(tmp_path):
 
 def test_exit_status_and_missing_commands():
     assert launch("-q", "--", PY, "-c", "import sys; sys.exit(3)").returncode == 3
-    missing = launch("--", "no-such-command-anywhere")
-    assert missing.returncode == 127 and "cannot run" in missing.stderr
-    assert launch("--").returncode == 2
+    missing = launch("-q", "--", "no-such-command-anywhere")
+    assert missing.returncode == 127
+    assert missing.stderr == (
+        "speculators-hybrid run: error: no-such-command-anywhere: command not found\n"
+    )
+    assert launch("-q", "--", "/dev/null").returncode == 126  # not executable
+    empty = launch("--")
+    assert empty.returncode == 2 and "give a command after --" in empty.stderr
 
 
 def test_switched_off_by_the_common_switch(monkeypatch):

@@ -1,0 +1,117 @@
+"""`doctor` as a user runs it (subprocess; vLLM needed, so it runs in the vllm-0.20.1 and
+vllm-0.25.0 envs only, scripts/matrix.py CLI_RELEASES): vLLM's logs off stdout and quiet, a
+legend and a one-line verdict, the demo's temporary folder removed and the preset named,
+max_model_len from the model's own config (a dense Llama-like model of 131,072 positions, a
+Nemotron-H-like Mamba-2 hybrid of 8,192), JSON alone on stdout. Bad input: tests/unit/test_cli.py.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from speculators_hybrid.families import BY_TYPE
+from speculators_hybrid.versions import installed
+
+pytest.importorskip("vllm")
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 512,
+    "intermediate_size": 1024,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 8,
+    "vocab_size": 1024,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "torch_dtype": "bfloat16",
+}
+NEMOTRON_H = {
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "vocab_size": 1024,
+    "hidden_size": 512,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 8,
+    "hybrid_override_pattern": "M-M*-M*-",
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+    "mamba_num_heads": 16,
+    "mamba_head_dim": 64,
+    "n_groups": 2,
+    "ssm_state_size": 64,
+    "conv_kernel": 4,
+    "expand": 2,
+    "mlp_hidden_act": "relu2",
+    "torch_dtype": "bfloat16",
+}
+
+
+def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "speculators_hybrid.cli", "doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def config(tmp_path: Path, name: str, body: dict) -> str:
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text(json.dumps(body))
+    return str(tmp_path / name)
+
+
+def test_demo_report_is_quiet_explained_and_leaves_nothing_behind():
+    demos = f"{tempfile.gettempdir()}/spec-hybrid-demo-*"
+    before = set(glob.glob(demos))
+    done = doctor("--demo")
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("model the built-in qwen3.6-27b-like config  ids [2, 32, 61, 64]")
+    assert "max_model_len 262,144" in lines[0]  # the preset's own max_position_embeddings
+    assert any(line.startswith("legend: each row is `groups` KV-cache groups") for line in lines)
+    assert lines[-1].startswith(
+        f"verdict: hidden-state extraction works on vLLM {installed('vllm')} with "
+        "speculators-hybrid: one 262,144-token request needs "
+    )
+    logs = ("INFO ", "WARNING ", "ERROR ", "DEBUG ")
+    assert not [line for line in done.stdout.splitlines() if line.startswith(logs)]
+    assert "libcuda" not in done.stderr and "Triton" not in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert set(glob.glob(demos)) <= before  # its own folder is gone
+
+
+def test_real_configs_plan_at_their_own_max_model_len(tmp_path):
+    done = doctor(config(tmp_path, "llama", LLAMA), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)  # stdout is the JSON alone
+    assert out["setup"]["max_model_len"] == 131072
+    assert [p["ok"] for p in out["plans"]] == [True, True, True]
+    assert out["bytes"]["attention_layers"] == 8 and out["bytes"]["state_layers"] == 0
+    assert out["bytes"]["hidden_bytes_per_token"] == 4 * 512 * 2
+    assert out["verdict"].startswith("hidden-state extraction works on vLLM ")
+
+    nemotron = config(tmp_path, "nemotron", NEMOTRON_H)
+    done = doctor(nemotron, "--json")
+    first = BY_TYPE["nemotron_h"].first
+    if not BY_TYPE["nemotron_h"].extracts_on(str(installed("vllm"))):
+        assert done.returncode == 2 and done.stdout == ""
+        assert f"the first release that has them is vLLM {first}" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["setup"]["max_model_len"] == 8192
+    assert out["bytes"]["attention_layers"] == 2 and out["bytes"]["state_layers"] == 3
+    assert out["plans"][-1]["ok"] and out["ratio_to_target"]["shim"] <= 1.05

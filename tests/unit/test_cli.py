@@ -1,0 +1,157 @@
+"""The command line as a user meets it, run as a subprocess: bad input answers in one line with
+exit status 2 (no traceback, before vLLM or torch is imported), `launch`'s own messages, `run`
+and `--version`, help text on every option. Doctor's plans: tests/cli (vLLM needed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launchers"))
+from launch_support import models  # noqa: E402
+
+from speculators_hybrid import __version__  # noqa: E402
+from speculators_hybrid.cli import build_parser  # noqa: E402
+from speculators_hybrid.versions import installed  # noqa: E402
+
+CLI = [sys.executable, "-m", "speculators_hybrid.cli"]
+
+
+def cli(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    done = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+    return done, time.monotonic() - start
+
+
+def one_line_error(done: subprocess.CompletedProcess[str], prefix: str) -> str:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    line = done.stderr.strip()
+    assert "\n" not in line and line.startswith(f"speculators-hybrid {prefix}: error: "), line
+    return line
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("configs")
+    out = dict(models(root))
+    for name, text in {
+        "malformed": "{bad",
+        "empty-object": "{}",
+        "list": "[1, 2]",
+        "granite": json.dumps(
+            {
+                "architectures": ["GraniteMoeHybridForCausalLM"],
+                "model_type": "granitemoehybrid",
+                "num_hidden_layers": 8,
+                "num_attention_heads": 8,
+                "layer_types": ["mamba"] * 7 + ["attention"],
+            }
+        ),
+    }.items():
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(text)
+        out[name] = root / name
+    (root / "no-config").mkdir()
+    out["no-config"] = root / "no-config"
+    return out
+
+
+DOCTOR_BAD = {  # case: (arguments, what the line says)
+    "missing dir": (["/nonexistent/model"], "does not exist"),
+    "no config.json": (["{no-config}"], "has no config.json"),
+    "malformed JSON": (["{malformed}"], "cannot read"),
+    "not an object": (["{list}"], "is not a JSON object"),
+    "no layers": (["{empty-object}"], "has no integer num_hidden_layers"),
+    "hub name": (["Some-Org/Not-Downloaded-Model"], "not a local directory"),
+    "duplicate ids": (["--demo", "--ids", "2", "2", "32", "64"], "duplicated [2]"),
+    "ids out of range": (["{hybrid-text}", "--ids", "1", "9"], "outside [0, 8]: [9]"),
+    "TP": (["--demo", "--tp", "3"], "tensor parallel size 3 does not divide"),
+    "no model": ([], "give a model or config directory, or --demo"),
+    "family": (["{granite}"], "no vLLM release up to"),
+}
+
+
+@pytest.mark.parametrize("case", DOCTOR_BAD, ids=list(DOCTOR_BAD))
+def test_doctor_refuses_bad_input_in_one_line_before_vllm(case, configs):
+    args, says = DOCTOR_BAD[case]
+    done, took = cli("doctor", *(a.format(**{k: str(v) for k, v in configs.items()}) for a in args))
+    assert says in one_line_error(done, "doctor")
+    assert took < 10  # no vLLM import (that alone takes 10-20 s)
+
+
+@pytest.mark.skipif(installed("vllm") is not None, reason="vLLM is installed here")
+def test_doctor_without_vllm_says_to_install_it(configs):
+    done, _ = cli("doctor", str(configs["hybrid-text"]))
+    assert "vLLM is not installed for this Python" in one_line_error(done, "doctor")
+
+
+def test_launch_dry_run_says_it_runs_nothing(configs):
+    done, _ = cli("launch", str(configs["hybrid-text"]), "--dry-run")
+    assert done.returncode == 0, done.stderr
+    banner, command = done.stdout.splitlines()
+    assert banner == "Would run (--dry-run, nothing started):" and " serve " in command
+
+
+def test_launch_custom_ids_come_sorted_with_our_note_instead_of_a_warning(configs):
+    args = ["launch", str(configs["hybrid-text"]), "--target-layer-ids", "5", "1", "--dry-run"]
+    done, _ = cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert '"eagle_aux_hidden_state_layer_ids": [1, 5, 8]' in done.stdout
+    assert "Warning" not in done.stderr and "warnings.warn" not in done.stderr
+    assert (
+        "speculators-hybrid: target layer ids [1, 5, 8] (8, the last layer, added: "
+        "--no-include-last-layer leaves it out): give the training script the same ids"
+    ) in done.stderr.splitlines()
+
+
+@pytest.mark.parametrize(
+    "name, args, says",
+    [
+        ("hybrid-text", ["--", "--tensor-parallel-size", "3"], "tensor parallel size 3"),
+        ("granite", [], "GraniteMoeHybridForCausalLM (granitemoehybrid) has no EAGLE-3"),
+        ("hybrid-text", ["--target-layer-ids", "2", "2"], "duplicated [2]"),
+    ],
+)
+def test_launch_refuses_before_exec_in_one_line(name, args, says, configs):
+    done, took = cli("launch", str(configs[name]), *args)
+    assert says in one_line_error(done, "launch") and took < 10
+
+
+def test_run_names_a_missing_command():
+    done, _ = cli("run", "-q", "--", "nosuchcommand")
+    assert done.returncode == 127
+    assert done.stderr == "speculators-hybrid run: error: nosuchcommand: command not found\n"
+
+
+def test_version():
+    done, _ = cli("--version")
+    assert done.returncode == 0 and done.stdout == f"speculators-hybrid {__version__}\n"
+
+
+def _options(parser: argparse.ArgumentParser, name: str) -> list[tuple[str, argparse.Action]]:
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for sub, subparser in action.choices.items():
+                found.append((f"{name} {sub}", argparse.Action([], sub, help=helps.get(sub))))
+                found += _options(subparser, f"{name} {sub}")
+        else:
+            found.append((name, action))
+    return found
+
+
+def test_every_command_and_option_has_help_text():
+    missing = [
+        f"{name} {'/'.join(a.option_strings) or a.dest}"
+        for name, a in _options(build_parser(), "speculators-hybrid")
+        if not a.help
+    ]
+    assert missing == []
