@@ -51,6 +51,8 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def load_model(folder: str | Path, device: str = "cpu") -> torch.nn.Module:
     """The checkpoint in its own dtype, eval mode, by its `architectures` class."""
+    import importlib.util
+
     import transformers
 
     config = read_config(folder)
@@ -58,8 +60,11 @@ def load_model(folder: str | Path, device: str = "cpu") -> torch.nn.Module:
     cls = next((getattr(transformers, n) for n in names if hasattr(transformers, n)), None)
     if cls is None:
         cls = transformers.AutoModelForCausalLM
+    options: dict[str, Any] = {"dtype": "auto"}
+    if device != "cpu" and importlib.util.find_spec("accelerate"):
+        options["device_map"] = device  # straight onto the GPU (transformers needs accelerate)
     try:
-        model = cls.from_pretrained(str(folder), dtype="auto")
+        model = cls.from_pretrained(str(folder), **options)
     except Exception as exc:  # noqa: BLE001 (missing weights, unknown architecture, ...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         message = f"cannot load {folder} with transformers: {type(exc).__name__}: {first}"
@@ -122,7 +127,8 @@ def run_in(model: torch.nn.Module, dtype: torch.dtype) -> Iterator[None]:
 
 
 def _floats(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in module.parameters() if p.is_floating_point()]
+    """The parameters a pass casts: 16- and 32-bit floats (quantized weights keep their own)."""
+    return [p for p in module.parameters() if p.dtype in DTYPES.values()]
 
 
 class _Enough(Exception):
