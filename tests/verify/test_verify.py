@@ -277,3 +277,29 @@ def test_malformed_files_fail_by_code(reference, tmp_path: Path) -> None:
     broken = tmp_path / "broken.safetensors"
     broken.write_bytes((tmp_path / "bad_tokens.safetensors").read_bytes()[:50])
     assert [e["code"] for e in verifier.verify(broken).errors] == ["unreadable"]
+
+
+def test_capture_is_transformers_own_states(reference) -> None:
+    """verify's hooks give exactly transformers' hidden states (ids < n) and the final norm's
+    input (id n), in float32; a float32 pass leaves the stored bf16 weights as they were."""
+    from speculators_hybrid.verify import capture
+
+    before = {k: v.clone() for k, v in reference.state_dict().items()}
+    prompt = tokens(11, 40)
+    ids = list(range(9))
+    got = capture.hidden_states(reference, prompt, ids, torch.float32)
+    assert got.dtype == torch.float32
+    after = reference.state_dict()
+    assert all(
+        torch.equal(before[k], after[k]) and before[k].dtype == after[k].dtype for k in before
+    )
+    model32 = type(reference)(reference.config).eval()
+    model32.load_state_dict({k: v.float() for k, v in before.items()})
+    seen: list[torch.Tensor] = []
+    hook = model32.model.norm.register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+    with torch.no_grad():
+        out = model32(input_ids=torch.tensor([prompt]), output_hidden_states=True)
+    hook.remove()
+    expected = torch.stack([*out.hidden_states[:8], seen[0]], dim=2)[0]
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)  # bit for bit
+    assert not torch.allclose(out.hidden_states[8][0], seen[0][0])  # HF's last is post-norm
