@@ -274,14 +274,15 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         "--sample", type=int, metavar="N", help=f"files to verify (default {DEFAULT_SAMPLE})"
     )
     size.add_argument("--fraction", type=float, metavar="F", help="share of the files, (0, 1]")
-    parser.add_argument("--seed", type=int, default=0, help="of the sample (default 0)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S", help="the sample's (default 0)")
     parser.add_argument(
         "--ids",
         type=int,
         nargs="+",
+        metavar="I",
         help="layer ids of every file (default: each file's metadata, else [2, n//2, n-3, n])",
     )
-    parser.add_argument("--device", help="cuda or cpu (default: cuda if there is one)")
+    parser.add_argument("--device", help="cuda[:N] or cpu (default: cuda if there is one)")
     parser.add_argument(
         "--dtype",
         default="auto",

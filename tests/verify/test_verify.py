@@ -303,3 +303,20 @@ def test_capture_is_transformers_own_states(reference) -> None:
     expected = torch.stack([*out.hidden_states[:8], seen[0]], dim=2)[0]
     torch.testing.assert_close(got, expected, rtol=0, atol=0)  # bit for bit
     assert not torch.allclose(out.hidden_states[8][0], seen[0][0])  # HF's last is post-norm
+
+
+def test_the_stated_rule_is_the_applied_one() -> None:
+    """The help text and docs state the constants rule.py applies."""
+    import speculators_hybrid.verify as verify
+    from speculators_hybrid.verify import rule
+
+    assert (rule.K, rule.EPS) == (3, 1e-4)
+    assert "e_file <= 3 * e_floor + 1e-4" in (verify.__doc__ or "")
+    docs = Path(__file__).parents[2] / "docs" / "verify.md"
+    assert "e_file <= K * e_floor + EPS,    K = 3,  EPS = 1e-4" in docs.read_text()
+    assert rule.limit(0.99791) == pytest.approx(1 - (3 * 0.00209 + 1e-4))
+    # the measured H200 numbers: correct vLLM files pass their floors, the bad hit fails
+    floors = [0.99966, 0.99916, 0.99891, 0.99791]
+    for floor, good in zip(floors, [0.99963, 0.99917, 0.99895, 0.99789], strict=True):
+        assert good >= rule.limit(floor)
+        assert 0.79 < rule.limit(floor)
