@@ -64,12 +64,11 @@ def load_model(folder: str | Path, device: str = "cpu") -> torch.nn.Module:
     if device != "cpu" and importlib.util.find_spec("accelerate"):
         options["device_map"] = device  # straight onto the GPU (transformers needs accelerate)
     try:
-        model = cls.from_pretrained(str(folder), **options)
-    except Exception as exc:  # noqa: BLE001 (missing weights, unknown architecture, ...)
+        return cls.from_pretrained(str(folder), **options).to(device).eval()
+    except Exception as exc:  # noqa: BLE001 (missing weights, unknown architecture, no memory)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         message = f"cannot load {folder} with transformers: {type(exc).__name__}: {first}"
         raise ModelError(message) from None
-    return model.to(device).eval()
 
 
 def decoder_stack(model: torch.nn.Module) -> torch.nn.Module:

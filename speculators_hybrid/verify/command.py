@@ -99,10 +99,6 @@ def _model_ids(model: str, ids: list[int] | None) -> None:
             raise BadInput(f"--ids {ids}: {'; '.join(problems)} (the model has {n} layers)")
 
 
-def _format(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.5f}"
-
-
 def file_line(result: Any) -> str:
     worst = result.worst()
     if result.ok:
@@ -116,6 +112,7 @@ def file_line(result: Any) -> str:
 
 def summarize(results: list[Any], total: int, settings: dict[str, Any]) -> dict[str, Any]:
     from speculators_hybrid.verify import rule
+    from speculators_hybrid.verify.files import finite
 
     per_id: dict[int, dict[str, Any]] = {}
     for result in results:
@@ -129,6 +126,9 @@ def summarize(results: list[Any], total: int, settings: dict[str, Any]) -> dict[
             entry["worst"] = min(entry["worst"], r.similarity)
             entry["worst_floor"] = min(entry["worst_floor"], r.floor)
             entry["worst_excess"] = max(entry["worst_excess"], r.excess)
+    for entry in per_id.values():  # a NaN file: -inf similarity, inf excess; JSON has no inf
+        for key in ("worst", "worst_floor", "worst_excess"):
+            entry[key] = finite(entry[key])
     failed = [r for r in results if not r.ok]
     return {
         **settings,
@@ -151,9 +151,12 @@ def print_summary(summary: dict[str, Any], results: list[Any], out: IO[str]) -> 
         f"  {'id':>4} {'files':>6} {'failed':>6} {'worst':>9} {'floor':>9} {'excess':>7}", file=out
     )
     for i, e in summary["per_id"].items():
+        worst, floor, excess = (
+            "nan" if e[k] is None else f"{e[k]:.{d}f}"
+            for k, d in (("worst", 5), ("worst_floor", 5), ("worst_excess", 2))
+        )
         print(
-            f"  {i:>4} {e['files']:>6} {e['failed']:>6} {e['worst']:>9.5f} "
-            f"{e['worst_floor']:>9.5f} {e['worst_excess']:>7.2f}",
+            f"  {i:>4} {e['files']:>6} {e['failed']:>6} {worst:>9} {floor:>9} {excess:>7}",
             file=out,
         )
     print(

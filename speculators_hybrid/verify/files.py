@@ -61,10 +61,10 @@ class FileResult:
                 {
                     "id": r.layer_id,
                     "ok": r.ok,
-                    "similarity": _finite(r.similarity),
+                    "similarity": finite(r.similarity),
                     "token": r.token,
-                    "floor": _finite(r.floor),
-                    "limit": _finite(r.limit),
+                    "floor": finite(r.floor),
+                    "limit": finite(r.limit),
                 }
                 for r in self.ids
             ],
@@ -73,7 +73,7 @@ class FileResult:
         }
 
 
-def _finite(value: float) -> float | None:
+def finite(value: float) -> float | None:
     return value if value == value and abs(value) != float("inf") else None
 
 

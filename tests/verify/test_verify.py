@@ -320,3 +320,22 @@ def test_the_stated_rule_is_the_applied_one() -> None:
     for floor, good in zip(floors, [0.99963, 0.99917, 0.99895, 0.99789], strict=True):
         assert good >= rule.limit(floor)
         assert 0.79 < rule.limit(floor)
+
+
+def test_nan_file_fails_and_json_stays_json(
+    model_dir: Path, writer: Writer, tmp_path: Path
+) -> None:
+    import json
+
+    prompt = tokens(12, 10)
+    states = writer.states(prompt, IDS).clone()
+    states[3, 2] = float("nan")
+    path = write(tmp_path / "nan.safetensors", prompt, states)
+    code, out, err = cli("verify", path, "--model", model_dir, "--json", "--device", "cpu")
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} in the JSON")
+
+    doc = json.loads(out, parse_constant=refuse)
+    assert code == 1 and f"FAILED {path}: id 5: similarity -inf at token 3" in err
+    assert doc["summary"]["per_id"]["5"]["worst"] is None
