@@ -1,4 +1,4 @@
-"""Hidden-state file names that stay inside the folder, whatever the request id (every vLLM).
+"""File names that stay inside the hidden-states folder, whatever the request id (vLLM >= 0.22).
 
 Why: both connectors named the file `{shared_storage_path}/{req_id}.safetensors` with
 `os.path.join`, and the request id can come from the client (`vllm serve` takes `X-Request-Id`
