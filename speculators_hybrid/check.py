@@ -8,8 +8,10 @@ layer slot or (token, slot) vector (vLLM 0.24.x wrote zeros silently: speculator
 and provenance metadata naming a known-bad writer. With `--dataset` (speculators' prepared
 data, `input_ids` + `loss_mask`), `hs_<i>.safetensors` is matched to sample `i`, the way
 speculators' `ArrowDataset` and `FileTransfer.get_cached` find it, and `token_ids` must equal
-that sample's `input_ids`. Files are read one at a time, in row chunks (`safe_open` slices),
-so folders of tens of thousands of files run in bounded memory. Exit status: 0 all good,
+that sample's `input_ids`. A `<file>.rejected` marker (the opt-in guard's, or a write that
+failed) is a failed file with the marker's reason. Files are read one at a time, in row chunks
+(memory-mapped with numpy, safetensors_file.py: no torch import), so folders of tens of
+thousands of files run in bounded memory. A path that does not exist is a usage error. Exit status: 0 all good,
 1 some file failed (each is named with its reasons), 2 nothing to check or bad arguments.
 These checks cannot see a plausible but wrong file (a layer off by one, another request's rows, a
 bad prefix-cache hit): `--verify-with MODEL_DIR` then runs `speculators-hybrid verify`, which
@@ -23,7 +25,6 @@ import json
 import os
 import re
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,7 @@ from packaging.version import InvalidVersion, Version
 CHUNK_BYTES = 64 << 20
 FLOAT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 HS_NAME = re.compile(r"^hs_(\d+)\.safetensors$")
+REJECTED = ".rejected"  # `<path>.rejected`: why there is no file (vllm_patches/writer.py)
 EXAMPLES = 5  # token indices quoted per problem
 
 
@@ -137,37 +139,38 @@ def provenance_problem(metadata: dict[str, str]) -> str | None:
 
 
 def _indices(mask: Any, offset: int) -> list[int]:
-    return [offset + int(i) for i in mask.nonzero().flatten()[:EXAMPLES].tolist()]
+    import numpy as np
+
+    return [offset + int(i) for i in np.flatnonzero(mask)[:EXAMPLES]]
 
 
 def _scan_values(tensor: Any, shape: list[int], dtype: str, report: FileReport, chunk: int) -> None:
-    """Finite values, and no all-zero token row, layer slot or vector, one row chunk at a time."""
-    import torch
+    """Finite values, and no all-zero token row, layer slot or vector, one row chunk at a time
+    (numpy: check never imports torch)."""
+    import numpy as np
 
     tokens, n_ids, hidden = shape
     rows = max(1, chunk // max(1, n_ids * hidden * FLOAT_BYTES[dtype]))
     nan = inf = zero_rows = zero_vectors = 0
     first_rows: list[int] = []
     first_bad: list[int] = []
-    slot_used = torch.zeros(n_ids, dtype=torch.bool)
+    slot_used = np.zeros(n_ids, dtype=bool)
     for start in range(0, tokens, rows):
         part = tensor[start : start + rows]
-        if dtype.startswith("F8"):
-            part = part.float()
-        low, high = torch.aminmax(part, dim=2)  # one pass: [rows, slots], NaN propagates
-        if not bool(torch.isfinite(low).all() and torch.isfinite(high).all()):
-            nans, infs = torch.isnan(part), torch.isinf(part)
+        low, high = part.min(axis=2), part.max(axis=2)  # [rows, slots], NaN propagates
+        if not bool(np.isfinite(low).all() and np.isfinite(high).all()):
+            nans, infs = np.isnan(part), np.isinf(part)
             nan += int(nans.sum())
             inf += int(infs.sum())
             if len(first_bad) < EXAMPLES:
-                first_bad += _indices((nans | infs).flatten(1).any(dim=1), start)
+                first_bad += _indices((nans | infs).any(axis=(1, 2)), start)
         used = (low != 0) | (high != 0)  # NaN counts as used
-        empty_rows = ~used.any(dim=1)
+        empty_rows = ~used.any(axis=1)
         zero_rows += int(empty_rows.sum())
         zero_vectors += int((~used[~empty_rows]).sum())
         if len(first_rows) < EXAMPLES:
             first_rows += _indices(empty_rows, start)
-        slot_used |= used.any(dim=0)
+        slot_used |= used.any(axis=0)
     if nan or inf:
         report.error(
             "non_finite", f"{nan} NaN and {inf} Inf values (first at tokens {first_bad[:EXAMPLES]})"
@@ -261,14 +264,28 @@ def _inspect(handle: Any, report: FileReport, samples: Samples | None, chunk: in
 
 
 def check_file(path: str, samples: Samples | None = None, chunk: int = CHUNK_BYTES) -> FileReport:
-    """Every check on one file; problems are reported, never raised."""
+    """Every check on one file; problems are reported, never raised. A `<path>.rejected`
+    marker (the guard's, or a write that failed) is reported as `path` failed, with its reason."""
+    from speculators_hybrid.safetensors_file import NotSafetensors, SafetensorsFile
+
+    if path.endswith(REJECTED):
+        report = FileReport(path[: -len(REJECTED)])
+        try:
+            with open(path, errors="replace") as marker:
+                reason = " ".join(marker.read().split()) or "no reason given"
+        except OSError as exc:
+            reason = f"(the marker cannot be read: {exc.strerror or exc})"
+        report.error("rejected", f"not written, {path} says: {reason}")
+        return report
     report = FileReport(path)
     try:
-        from safetensors import safe_open
-
-        with safe_open(path, framework="pt") as handle:
+        with SafetensorsFile(path) as handle:
             _inspect(handle, report, samples, chunk)
-    except Exception as exc:  # noqa: BLE001 (truncated, not safetensors, unreadable)
+    except NotSafetensors as exc:
+        report.error("unreadable", str(exc))
+    except OSError as exc:
+        report.error("unreadable", f"cannot read it: {exc.strerror or exc}")
+    except Exception as exc:  # noqa: BLE001 (anything else: say what, keep going)
         report.error("unreadable", f"{type(exc).__name__}: {exc}")
     return report
 
@@ -277,16 +294,19 @@ def _natural(name: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def find_files(paths: list[str]) -> Iterator[str]:
-    """The given files, and the `*.safetensors` under the given folders, in natural order."""
+def find_files(paths: list[str], rejected: bool = False) -> Iterator[str]:
+    """The given files, and the `*.safetensors` under the given folders, in natural order; with
+    `rejected`, `*.safetensors.rejected` markers too, and a missing file with one is its marker."""
+    names = (".safetensors", ".safetensors" + REJECTED) if rejected else (".safetensors",)
     for path in paths:
         if not os.path.isdir(path):
-            yield path
+            marked = rejected and not os.path.exists(path) and os.path.exists(path + REJECTED)
+            yield path + REJECTED if marked else path
             continue
         for root, dirs, files in os.walk(path):
             dirs.sort(key=_natural)
             for name in sorted(files, key=_natural):
-                if name.endswith(".safetensors"):
+                if name.endswith(names):
                     yield os.path.join(root, name)
 
 
@@ -305,32 +325,13 @@ def mark_inconsistent(reports: list[FileReport]) -> None:
             )
 
 
-class Progress:
-    """A one-line progress bar on a terminal; silent otherwise."""
-
-    def __init__(self, total: int, stream: IO[str]) -> None:
-        self.total, self.stream = total, stream
-        self.enabled = stream.isatty()
-        self.start = self.last = time.monotonic()
-
-    def update(self, done: int, failed: int) -> None:
-        now = time.monotonic()
-        if not self.enabled or (now - self.last < 0.1 and done < self.total):
-            return
-        self.last = now
-        width = 30
-        filled = width * done // max(1, self.total)
-        rate = done / max(1e-9, now - self.start)
-        self.stream.write(
-            f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} files, "
-            f"{failed} failed, {rate:.1f} files/s"
-        )
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
+def progress(total: int) -> Any:
+    """tqdm's bar on a terminal's stderr (nothing otherwise, or without tqdm)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="file", file=sys.stderr, disable=not sys.stderr.isatty())
 
 
 def summarize(reports: list[FileReport], samples: Samples | None) -> dict[str, Any]:
@@ -390,27 +391,46 @@ def print_failures(reports: list[FileReport], out: IO[str]) -> None:
             print(f"FAILED {report.path}: {reasons}", file=out)
 
 
+def usage_error(message: str) -> int:
+    print(f"speculators-hybrid check: error: {message}", file=sys.stderr)
+    return 2
+
+
 def _check(args: argparse.Namespace) -> int:
+    missing = [p for p in args.paths if not os.path.exists(p) and not os.path.exists(p + REJECTED)]
+    if missing:
+        return usage_error(f"no such file or folder: {', '.join(missing)}")
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return usage_error("check reads files with numpy, which is not installed here")
     samples = None
     if args.dataset:
+        if not os.path.isdir(args.dataset):
+            return usage_error(f"--dataset {args.dataset}: no such folder")
+        try:
+            import datasets  # noqa: F401
+        except ImportError:
+            return usage_error("--dataset needs the `datasets` package: pip install datasets")
         try:
             samples = Samples(args.dataset)
         except Exception as exc:  # noqa: BLE001
-            print(f"check: cannot read dataset {args.dataset}: {exc}", file=sys.stderr)
-            return 2
-    paths = list(find_files(args.paths))
+            return usage_error(f"cannot read dataset {args.dataset}: {exc}")
+    paths = list(find_files(args.paths, rejected=True))
     if not paths:
-        print("check: no .safetensors files found", file=sys.stderr)
-        return 2
-    progress = Progress(len(paths), sys.stderr)
+        return usage_error("no .safetensors files found")
+    bar = progress(len(paths))
     reports: list[FileReport] = []
     failed = 0
     for path in paths:
         report = check_file(path, samples)
         failed += not report.ok
         reports.append(report)
-        progress.update(len(reports), failed)
-    progress.close()
+        if bar is not None:
+            bar.set_postfix(failed=failed, refresh=False)
+            bar.update()
+    if bar is not None:
+        bar.close()
     mark_inconsistent(reports)
     summary = summarize(reports, samples)
     passed = [r.path for r in reports if r.ok]

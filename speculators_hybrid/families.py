@@ -60,8 +60,9 @@ def refusal(model_type: str, vllm: str | None) -> str | None:
             return None
         if family.extracts_on(str(release)) or release < Version(min(support.VLLM, key=Version)):
             return None  # before the matrix's first release: unknown (launch warns of age)
+    who = f"vLLM {vllm}'s" if vllm else "vLLM's"
     why = (
-        f"{f'vLLM {vllm}' if vllm else 'vLLM'}'s {family.architecture} ({model_type}) has no EAGLE-3 auxiliary hidden "
+        f"{who} {family.architecture} ({model_type}) has no EAGLE-3 auxiliary hidden "
         "states (vLLM's SupportsEagle3), so hidden-state extraction cannot work: vLLM would "
         "fail after loading the weights"
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -144,14 +146,43 @@ def test_unreadable_files_are_reported_not_raised(tmp_path, capsys):
     (tmp_path / "hs_1.safetensors").write_bytes(data[: len(data) - 100])  # truncated
     (tmp_path / "hs_2.safetensors").write_bytes(b"not a safetensors file")
     (tmp_path / "hs_3.safetensors").write_bytes(b"")
-    code, out = run(capsys, str(tmp_path), str(tmp_path / "missing.safetensors"))
+    code, out = run(capsys, str(tmp_path))
     assert code == 1
     failed = {line.split(":")[0].split()[1] for line in out.splitlines() if "FAILED" in line}
-    assert failed == {str(tmp_path / f"hs_{i}.safetensors") for i in (1, 2, 3)} | {
-        str(tmp_path / "missing.safetensors")
-    }
+    assert failed == {str(tmp_path / f"hs_{i}.safetensors") for i in (1, 2, 3)}
     for i in (1, 2, 3):
         assert codes(check.check_file(str(tmp_path / f"hs_{i}.safetensors"))) == {"unreadable"}
+    said = {
+        i: check.check_file(str(tmp_path / f"hs_{i}.safetensors")).errors[0]["message"]
+        for i in (1, 2, 3)
+    }
+    assert said[1].startswith("cut short: tensor ")
+    assert said[2].startswith("not a safetensors file: its first 8 bytes give a ")
+    assert said[3] == "not a safetensors file: 0 bytes, shorter than a header"
+
+
+def test_a_missing_path_is_a_usage_error(tmp_path, capsys):
+    write(tmp_path / "hs_0.safetensors")
+    code = check.main([str(tmp_path), str(tmp_path / "missing.safetensors")])
+    err = capsys.readouterr().err
+    assert code == 2
+    missing = tmp_path / "missing.safetensors"
+    assert err == f"speculators-hybrid check: error: no such file or folder: {missing}\n"
+
+
+def test_rejected_files_fail_with_their_reason(tmp_path, capsys):
+    write(tmp_path / "hs_0.safetensors")
+    (tmp_path / "hs_1.safetensors.rejected").write_text("2 of 12 token rows are all zero")
+    code, out = run(capsys, str(tmp_path))
+    assert code == 1
+    marker = tmp_path / "hs_1.safetensors.rejected"
+    assert (
+        f"FAILED {tmp_path}/hs_1.safetensors: not written, {marker} says: 2 of 12 token rows "
+        "are all zero"
+    ) in out.splitlines()
+    # named directly: the file that is not there, reported by its marker
+    code, out = run(capsys, str(tmp_path / "hs_1.safetensors"))
+    assert code == 1 and "problems             rejected (1)" in out
 
 
 def test_a_file_whose_layers_or_width_differ_from_the_rest_is_flagged(tmp_path, capsys):
@@ -207,10 +238,12 @@ def test_folders_are_walked_in_natural_order_and_only_safetensors_count(tmp_path
     write(tmp_path / "sub" / "hs_0.safetensors")
     (tmp_path / "hs_3.safetensors.lock").write_text("")
     (tmp_path / "hs_4.safetensors.77.part").write_text("")
-    found = [os.path.relpath(p, tmp_path) for p in check.find_files([str(tmp_path)])]
+    (tmp_path / "hs_5.safetensors.rejected").write_text("why")
+    found = [os.path.relpath(p, tmp_path) for p in check.find_files([str(tmp_path)], True)]
     assert found == [
         "hs_1.safetensors",
         "hs_2.safetensors",
+        "hs_5.safetensors.rejected",
         "hs_10.safetensors",
         "sub/hs_0.safetensors",
     ]
@@ -221,14 +254,17 @@ class _Tty(io.StringIO):
         return True
 
 
-def test_progress_bar_only_on_a_terminal():
-    tty, pipe = _Tty(), io.StringIO()
-    for stream in (tty, pipe):
-        bar = check.Progress(4, stream)
-        for done in range(1, 5):
-            bar.update(done, failed=1)
+def test_progress_bar_only_on_a_terminal(monkeypatch):
+    pytest.importorskip("tqdm")
+    for stream in (_Tty(), io.StringIO()):
+        monkeypatch.setattr(check.sys, "stderr", stream)
+        bar = check.progress(4)
+        for _ in range(4):
+            bar.set_postfix(failed=1, refresh=False)
+            bar.update()
         bar.close()
-    assert "4/4 files, 1 failed" in tty.getvalue() and pipe.getvalue() == ""
+        shown = stream.getvalue()
+        assert ("4/4" in shown and "failed=1" in shown) if stream.isatty() else shown == ""
 
 
 def test_thousands_of_files_stream_through(tmp_path, capsys):
@@ -296,3 +332,44 @@ class TestDataset:
         datasets.Dataset.from_dict({"input_ids": [[1]]}).save_to_disk(str(tmp_path / "no_mask"))
         assert check.main([str(hs_dir), "--dataset", str(tmp_path / "no_mask")]) == 2
         assert "no column loss_mask" in capsys.readouterr().err
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`check` as a user runs it, reporting whether torch was imported."""
+    code = (
+        "import sys; from speculators_hybrid.cli import main; code = main(sys.argv[1:]); "
+        "print('torch imported' if 'torch' in sys.modules else 'no torch', file=sys.stderr); "
+        "sys.exit(code)"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, "check", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_reads_files_without_torch_and_says_what_is_wrong(tmp_path):
+    write(tmp_path / "hs_0.safetensors")
+    (tmp_path / "notes.txt").write_text("hello")
+    done = cli(str(tmp_path), str(tmp_path / "notes.txt"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"FAILED {tmp_path}/notes.txt: not a safetensors file: " in done.stdout
+    assert "files                2" in done.stdout
+    assert done.stderr.splitlines()[-1] == "no torch"
+
+    done = cli(str(tmp_path / "nope"))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[0] == (
+        f"speculators-hybrid check: error: no such file or folder: {tmp_path}/nope"
+    )
+
+
+def test_cli_dataset_errors_are_usage_errors(tmp_path):
+    write(tmp_path / "hs_0.safetensors")
+    done = cli(str(tmp_path), "--dataset", str(tmp_path / "no-such-data"))
+    assert done.returncode == 2
+    assert done.stderr.startswith("speculators-hybrid check: error: --dataset ")
+    assert "no such folder" in done.stderr.splitlines()[0]
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        done = cli(str(tmp_path), "--dataset", str(tmp_path))
+        assert done.returncode == 2 and "pip install datasets" in done.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -155,3 +156,28 @@ def test_every_command_and_option_has_help_text():
         if not a.help
     ]
     assert missing == []
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: str) -> set[str]:
+    """Every leaf command, e.g. `speculators-hybrid patches check`."""
+    found = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= _commands(sub, f"{prefix} {name}") or {f"{prefix} {name}"}
+    return found
+
+
+def test_readme_command_table_names_every_command_and_no_other():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("| command | what it does |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
+    named = set()
+    for row in rows:
+        words = row.split()
+        assert words[0] == "speculators-hybrid", row
+        while len(words) > 1 and not re.fullmatch("[a-z]+", words[-1]):  # PATH, --opt, [...]
+            words.pop()
+        named.add(" ".join(words))
+    commands = _commands(build_parser(), "speculators-hybrid") | {"speculators-hybrid"}
+    assert named == commands
