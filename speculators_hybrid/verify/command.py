@@ -229,6 +229,7 @@ def verify_paths(
         bar.set_postfix(failed=sum(not r.ok for r in results))
         if not as_json:
             tqdm.write(file_line(result), file=out)
+            out.flush()  # each file's line as it is done, also into a pipe or a log
     bar.close()
     summary = summarize(results, len(files), settings)
     code = 1 if summary["failed"] else 0
