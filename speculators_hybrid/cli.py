@@ -18,12 +18,18 @@ def all_patches() -> tuple[Patch, ...]:
     return (*vllm_patches(), *PATCHES)
 
 
-def _patches_list(_: argparse.Namespace) -> int:
+def _patches_list(args: argparse.Namespace) -> int:
     print(
         f"vllm {installed('vllm') or 'not installed'}; "
         f"speculators {installed('speculators') or 'not installed'}"
         + ("; SPECULATORS_HYBRID_DISABLE is set" if disabled() else "")
     )
+    doctor.quiet_vllm(args.verbose)  # vLLM's import logs: stderr, and only with -v
+    if installed("vllm") and _stand_in_torchvision():
+        print(
+            "torchvision cannot be imported here (a CPU or uv venv): vLLM's modules are read "
+            "with an inert stand-in for it, to check the fingerprints"
+        )
     for patch in all_patches():
         needed = patch.needed_for(installed(patch.project))
         state = "applies here" if needed else "not needed here"
@@ -38,6 +44,14 @@ def _patches_list(_: argparse.Namespace) -> int:
         if needed:
             print(f"  check:    {_check(patch)}")
     return 0
+
+
+def _stand_in_torchvision() -> bool:
+    """cpu.stand_in_torchvision where torchvision cannot load; whether it was needed."""
+    from speculators_hybrid import cpu
+
+    cpu.stand_in_torchvision()
+    return cpu.STANDINS in sys.path
 
 
 def _check(patch: Patch) -> str:
@@ -66,13 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     patches = sub.add_parser("patches", help="the patches and whether they apply here")
     patches_sub = patches.add_subparsers(dest="action", required=True)
-    patches_sub.add_parser(
+    listing = patches_sub.add_parser(
         "list",
         help="each patch: targets, versions, upstream fix, whether it applies here",
         description="Each patch with its targets, versions and upstream fix; for those that "
         "apply to the installed vLLM / speculators, whether every target matches its "
         "fingerprint (so the plugin would patch it).",
-    ).set_defaults(func=_patches_list)
+    )
+    listing.add_argument(
+        "-v", "--verbose", action="store_true", help="show vLLM's own logs (on stderr)"
+    )
+    listing.set_defaults(func=_patches_list)
     upstream.add_cli(patches_sub)  # check, unpack, export: the diffs under patches/
 
     doctor.add_cli(sub)

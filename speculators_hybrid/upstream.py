@@ -92,9 +92,17 @@ def wheel(project: str, version: str) -> Path:
     pattern = f"{project.replace('-', '_')}-{version}-*.whl"
     found = sorted(folder.glob(pattern))
     if not found:
+        pip = pip_command()
+        if pip is None:
+            raise FileNotFoundError(
+                f"no wheel of {project} {version} in {folder}, and no pip to fetch it (a uv "
+                "venv has none: `uv pip install pip`, or put uv on PATH); or put the wheel "
+                "there, or set SPECULATORS_HYBRID_WHEELS to a folder that has it"
+            )
         folder.mkdir(parents=True, exist_ok=True)
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+            [*pip, "download", "--no-deps", "--only-binary=:all:"]
+            + ["--python-version", f"{sys.version_info.major}.{sys.version_info.minor}"]
             + ["-d", str(folder), f"{project}=={version}"],
             capture_output=True,
             text=True,
@@ -102,11 +110,24 @@ def wheel(project: str, version: str) -> Path:
         found = sorted(folder.glob(pattern))
         if not found:
             raise FileNotFoundError(
-                f"no wheel of {project} {version} in {folder} and pip could not fetch it "
-                f"({done.stderr.strip()[-300:]}); put the wheel there or set "
+                f"no wheel of {project} {version} in {folder} and `{' '.join(pip)} download` "
+                f"could not fetch it ({done.stderr.strip()[-300:]}); put the wheel there or set "
                 "SPECULATORS_HYBRID_WHEELS to a folder that has it"
             )
     return found[0]
+
+
+def pip_command() -> list[str] | None:
+    """This Python's pip; else pip run by uv (uv venvs have no pip); else a pip on PATH."""
+    import importlib.util
+
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    uv = shutil.which("uv")
+    if uv is not None:
+        return [uv, "tool", "run", "pip"]
+    found = shutil.which("pip3") or shutil.which("pip")
+    return [found] if found else None
 
 
 def pristine(

@@ -5,7 +5,9 @@ and `--version`, help text on every option. Doctor's plans: tests/cli (vLLM need
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -181,3 +183,17 @@ def test_readme_command_table_names_every_command_and_no_other():
         named.add(" ".join(words))
     commands = _commands(build_parser(), "speculators-hybrid") | {"speculators-hybrid"}
     assert named == commands
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("pip") is not None, reason="this Python has pip: it would download"
+)
+def test_patches_check_without_pip_says_what_to_do(tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path), "SPECULATORS_HYBRID_WHEELS": str(tmp_path)}
+    args = ["patches", "check", "--project", "speculators", "--version", "0.5.0"]
+    done = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stdout.startswith(
+        f"speculators 0.5.0: no pristine source: no wheel of speculators 0.5.0 in {tmp_path}, "
+        "and no pip to fetch it (a uv venv has none: `uv pip install pip`"
+    )

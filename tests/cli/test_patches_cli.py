@@ -1,0 +1,33 @@
+"""`patches list` as a user runs it where vLLM is installed (subprocess; vllm-0.20.1 and
+vllm-0.25.0 envs, which are uv venvs without torchvision, like the demo's): a true answer for
+every patch that applies, vLLM's logs off stdout and quiet. `patches check` without pip:
+tests/unit/test_cli.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from speculators_hybrid.versions import installed
+
+pytest.importorskip("vllm")
+
+
+def test_patches_list_answers_for_every_patch_and_is_quiet():
+    done = subprocess.run(
+        [sys.executable, "-m", "speculators_hybrid.cli", "patches", "list"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"vllm {installed('vllm')}; ")
+    checks = [line for line in lines if line.startswith("  check:")]
+    assert checks and all(
+        "every target matches its fingerprint" in c or "every class loads" in c for c in checks
+    ), checks
+    assert not [line for line in lines if line.startswith(("INFO ", "WARNING ", "ERROR "))]
+    assert "Traceback" not in done.stderr and "libcuda" not in done.stderr, done.stderr
