@@ -23,4 +23,4 @@ if [ ! -f "$DEMO/.complete" ] || [ "$(cat "$DEMO/.complete")" != "$VLLM_VERSION"
     -r "$LOCK" -e .
   echo "$VLLM_VERSION" > "$DEMO/.complete"
 fi
-VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-ERROR} exec "$DEMO/bin/speculators-hybrid" doctor --demo "$@"
+exec "$DEMO/bin/speculators-hybrid" doctor --demo "$@"  # quiet by itself; -v shows vLLM's logs

@@ -32,10 +32,11 @@ from pathlib import Path
 
 from packaging.version import Version
 
-# The checkout's patches/ (the diffs are not in the wheel); else ./patches.
+# The checkout's patches/, else the wheel's copy (package data via the link _patches), else
+# ./patches.
+_HERE = Path(__file__).resolve().parent
 ROOT = next(
-    (p for p in (Path(__file__).resolve().parent.parent / "patches",) if p.is_dir()),
-    Path("patches"),
+    (p for p in (_HERE.parent / "patches", _HERE / "_patches") if p.is_dir()), Path("patches")
 )
 SECTIONS = ("Problem:", "Evidence:", "Fix:", "Upstream:", "Tests:")
 SUBJECT = re.compile(r"^\d{4}-[a-z0-9][a-z0-9_-]*$")  # patch ids may hold "_" (qwen3_5-...)

@@ -197,3 +197,20 @@ def test_patches_check_without_pip_says_what_to_do(tmp_path):
         f"speculators 0.5.0: no pristine source: no wheel of speculators 0.5.0 in {tmp_path}, "
         "and no pip to fetch it (a uv venv has none: `uv pip install pip`"
     )
+
+
+def test_set_up_scripts_stop_at_once_without_the_cpu_torch_wheel(tmp_path):
+    """demo.sh and test.sh source tools.sh: no wheel, no venv made, the command to get it."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PIP_FIND_LINKS": str(tmp_path)}
+    done = subprocess.run(
+        ["bash", "-c", "source scripts/tools.sh && echo made-tools"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "made-tools" not in done.stdout
+    assert done.stderr.startswith(f"no CPU torch wheel (torch 2.13.0+cpu) in {tmp_path}")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in done.stderr
