@@ -11,8 +11,8 @@ speculators' `ArrowDataset` and `FileTransfer.get_cached` find it, and `token_id
 that sample's `input_ids`. A `<file>.rejected` marker (the opt-in guard's, or a write that
 failed) is a failed file with the marker's reason. Files are read one at a time, in row chunks
 (memory-mapped with numpy, safetensors_file.py: no torch import), so folders of tens of
-thousands of files run in bounded memory. A path that does not exist is a usage error. Exit status: 0 all good,
-1 some file failed (each is named with its reasons), 2 nothing to check or bad arguments.
+thousands of files run in bounded memory. Exit status: 0 all good, 1 some file failed (each is
+named with its reasons), 2 nothing to check or bad arguments (a path that does not exist).
 These checks cannot see a plausible but wrong file (a layer off by one, another request's rows, a
 bad prefix-cache hit): `--verify-with MODEL_DIR` then runs `speculators-hybrid verify`, which
 recomputes a sample with the model.
