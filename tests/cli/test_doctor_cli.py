@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -115,3 +116,22 @@ def test_real_configs_plan_at_their_own_max_model_len(tmp_path):
     assert out["setup"]["max_model_len"] == 8192
     assert out["bytes"]["attention_layers"] == 2 and out["bytes"]["state_layers"] == 3
     assert out["plans"][-1]["ok"] and out["ratio_to_target"]["shim"] <= 1.05
+
+
+def test_a_failed_plan_shows_vllms_error_in_one_line_and_what_to_do(tmp_path, capsys, monkeypatch):
+    """In-process (the env's vLLM is imported already): a max_model_len above the model's."""
+    from speculators_hybrid.cli import main
+
+    for key in ("VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL", "TRANSFORMERS_VERBOSITY"):
+        monkeypatch.setenv(key, os.environ.get(key, ""))  # doctor's defaults stay in this test
+
+    model = config(tmp_path, "llama", LLAMA)
+    assert main(["doctor", model, "--max-model-len", "262144"]) == 1
+    out = capsys.readouterr().out
+    failures = [line for line in out.splitlines() if "vLLM start-up fails:" in line]
+    assert len(failures) == 3, out
+    for line in failures:
+        assert "max_model_len (262144) is greater than the derived max_model_len" in line
+        assert "pydantic" not in line and "input_value" not in line and "ArgsKwargs" not in line
+    assert "true bytes:" not in out and "connector ;" not in out
+    assert out.rstrip().endswith("Pass --max-model-len N (at most what the model allows).")
