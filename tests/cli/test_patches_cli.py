@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from test_doctor_cli import as_a_user
 
 from speculators_hybrid.versions import installed
 
@@ -21,6 +22,7 @@ def test_patches_list_answers_for_every_patch_and_is_quiet():
         capture_output=True,
         text=True,
         timeout=600,
+        env=as_a_user(),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
