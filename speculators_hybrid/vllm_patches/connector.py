@@ -63,7 +63,15 @@ def slots_for(block_ids: list[int], block_size: int, num_tokens: int) -> torch.T
 
 
 def read_slots(kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Rows of a [blocks, block_size, ids, hidden] cache view (page-padded or not)."""
+    """Rows of a [blocks, block_size, ids, hidden] cache view (page-padded or not).
+
+    The slots go to the GPU from pinned memory without blocking: a plain `.to(device)` of a
+    CPU tensor waits for everything the stream has queued (the whole forward so far), which
+    stalls the host inside the step and undoes vLLM's overlap of step N+1's scheduling with
+    step N.
+    """
+    if kv_cache.is_cuda and not slots.is_cuda:
+        slots = slots.pin_memory().to(kv_cache.device, non_blocking=True)
     return kv_cache[block_index(kv_cache, slots.to(kv_cache.device))]
 
 
