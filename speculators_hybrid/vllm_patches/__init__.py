@@ -19,6 +19,7 @@ from speculators_hybrid.vllm_patches import (
     provenance,
     runner_v1,
     text_only,
+    whole_prompts,
 )
 
 PATCHES: tuple[Patch, ...] = (
@@ -33,6 +34,7 @@ PATCHES: tuple[Patch, ...] = (
     hidden_read.PAD_PATCH,
     provenance.PATCH,
     file_names.PATCH,
+    whole_prompts.PATCH,
     extraction_input.PATCH,
     layer_zero.PATCH,
     runner_v1.PATCH,

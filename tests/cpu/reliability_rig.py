@@ -75,6 +75,13 @@ class Rig:
         return self.cache[slots // self.block, slots % self.block]
 
 
+def chunked(config: Any, chunk: int) -> None:
+    """Prefill chunks of `chunk` tokens (vLLM >= 0.31 also reads max_num_scheduled_tokens)."""
+    config.scheduler_config.max_num_batched_tokens = chunk
+    if getattr(config.scheduler_config, "max_num_scheduled_tokens", None) is not None:
+        config.scheduler_config.max_num_scheduled_tokens = chunk
+
+
 def rig(storage: str, memory: int = 64 << 20, chunk: int | None = None, **extra: Any) -> Rig:
     """Scheduler and worker of our connector, storage folder `storage`, a KV pool of `memory`."""
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -82,7 +89,7 @@ def rig(storage: str, memory: int = 64 << 20, chunk: int | None = None, **extra:
     config = engine_config(preset="tiny", ids=IDS, prefix_caching=False, max_model_len=4096)
     config.kv_transfer_config.kv_connector_extra_config.update(shared_storage_path=storage, **extra)
     if chunk is not None:
-        config.scheduler_config.max_num_batched_tokens = chunk
+        chunked(config, chunk)
     kv = planning.plan(config, planning.layer_specs(config), memory)
     scheduler, request = engine_scheduler(config, kv)
     assert isinstance(scheduler.connector, HybridHiddenStatesConnector)

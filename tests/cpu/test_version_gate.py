@@ -14,6 +14,7 @@ PREFIX_HIT = "hidden-states-consistent-prefix-hit"  # the connector-hit path of 
 PAD_SLOTS = "hidden-states-pad-slots"  # 0.22-0.24; 0.25.0 clamps padding to the null block
 READ_SLOTS = "hidden-states-read-slots"  # 0.24.x only
 RUNNER_V1 = "hybrid-extraction-on-model-runner-v1"  # 0.29+ pick Model Runner V2
+WHOLE = "hidden-states-whole-prompts-only"  # 0.24+ save at request_finished
 BEFORE_022 = {
     TEXT_ONLY,
     "keep-hma-for-extraction",
@@ -39,19 +40,19 @@ NEEDED = {
     "0.22.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS},
     "0.22.1": FROM_022 | {TEXT_ONLY, PAD_SLOTS},
     "0.23.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS},  # reads as 0.22 does: no READ_SLOTS
-    "0.24.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, READ_SLOTS, PREFIX_HIT},
-    "0.25.0": FROM_022 | {TEXT_ONLY, PREFIX_HIT},
-    "0.25.1": FROM_022 | {TEXT_ONLY, PREFIX_HIT},
-    "0.26.0": FROM_022 | {TEXT_ONLY, PREFIX_HIT},
+    "0.24.0": FROM_022 | {WHOLE} | {TEXT_ONLY, PAD_SLOTS, READ_SLOTS, PREFIX_HIT},
+    "0.25.0": FROM_022 | {WHOLE} | {TEXT_ONLY, PREFIX_HIT},
+    "0.25.1": FROM_022 | {WHOLE} | {TEXT_ONLY, PREFIX_HIT},
+    "0.26.0": FROM_022 | {WHOLE} | {TEXT_ONLY, PREFIX_HIT},
     # 0.27.0 registers the text-only classes and reconciles a diverged per-group hit
-    "0.27.0": FROM_022,
-    "0.27.1": FROM_022,
-    "0.28.0": FROM_022,
-    "0.29.0": FROM_022 | {RUNNER_V1},
-    "0.30.0": FROM_022 | {RUNNER_V1},
-    "0.31.0": FROM_022 | {RUNNER_V1},
-    "0.32.0": FROM_022 | {RUNNER_V1},
-    "0.33.0": FROM_022 | {RUNNER_V1},
+    "0.27.0": FROM_022 | {WHOLE},
+    "0.27.1": FROM_022 | {WHOLE},
+    "0.28.0": FROM_022 | {WHOLE},
+    "0.29.0": FROM_022 | {WHOLE} | {RUNNER_V1},
+    "0.30.0": FROM_022 | {WHOLE} | {RUNNER_V1},
+    "0.31.0": FROM_022 | {WHOLE} | {RUNNER_V1},
+    "0.32.0": FROM_022 | {WHOLE} | {RUNNER_V1},
+    "0.33.0": FROM_022 | {WHOLE} | {RUNNER_V1},
 }
 # Needed on every release in the table (no upstream fix yet).
 EVERY_RELEASE = {"check-extraction-input", "layer-zero-is-embeddings"}

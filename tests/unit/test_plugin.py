@@ -54,6 +54,7 @@ FROM_022 = {
 }
 HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
 RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2
+WHOLE = {"hidden-states-whole-prompts-only"}  # 0.24+ save at request_finished
 
 
 @pytest.mark.parametrize(
@@ -64,10 +65,14 @@ RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model R
         ("0.22.0", EVERY | FROM_022 | {"hidden-states-pad-slots"}),
         (
             "0.24.0",
-            EVERY | FROM_022 | {"hidden-states-pad-slots", "hidden-states-read-slots"} | HIT,
+            EVERY
+            | FROM_022
+            | {"hidden-states-pad-slots", "hidden-states-read-slots"}
+            | HIT
+            | WHOLE,
         ),
-        ("0.25.0", EVERY | FROM_022 | HIT),
-        ("0.29.0", (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1),
+        ("0.25.0", EVERY | FROM_022 | HIT | WHOLE),
+        ("0.29.0", (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1 | WHOLE),
     ],
 )
 def test_each_vllm_version_selects_the_patches_it_needs(version, expected):

@@ -37,6 +37,7 @@ MUST_PASS = {
     "test_with_the_fix_the_rows_are_the_prompts": ">=0.24,<0.25",
     "test_a_long_request_costs_its_own_bytes": "",
     "test_vllms_connector_keeps_hostile_ids_inside_the_folder": ">=0.22",
+    "test_aborted_requests_write_no_file": ">=0.24",
     "test_speculators_default_for_4_layers_is_refused_with_advice": "",
     "test_a_model_class_without_eagle3_is_refused_with_class_and_version": "",
     "test_engine_config_resolves_the_text_only_class": "<0.27",
