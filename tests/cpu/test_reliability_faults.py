@@ -127,7 +127,9 @@ def test_a_full_disk_loses_one_file_and_nothing_else(shim, tmp_path, caplog, mod
     if mode == "in_step":  # the response is not sent yet: the request fails, saying why
         assert params["hidden_states_path"] is None
         assert path in params["hidden_states_error"] and cause in params["hidden_states_error"]
-    else:  # sent before the write: the reader finds the lock free and no file
+    elif params["hidden_states_path"] is None:  # the thread failed before the request ended
+        assert path in params["hidden_states_error"] and cause in params["hidden_states_error"]
+    else:  # sent before the write failed: the reader finds the lock free and no file
         assert params == {"hidden_states_path": path}
     served(made)
     made.worker.shutdown()

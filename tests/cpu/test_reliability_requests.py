@@ -167,7 +167,6 @@ def test_our_connector_saves_no_file_for_an_aborted_prompt(shim, tmp_path):
         "talking.safetensors",
         "talking.safetensors.lock",
     ]
-    assert not made.scheduler.has_requests()
 
 
 def _plan(tmp_path):
