@@ -51,6 +51,8 @@ class Plan:
     connector: str = ""
     prefix_caching: bool = False
     block_size: int = 0
+    mamba_cache_mode: str = ""
+    max_num_batched_tokens: int = 0
     request_bytes: int = 0
     capacity_tokens: int = 0
 
@@ -134,8 +136,16 @@ def plan_once(name: str, setup: planning.Setup, memory_bytes: int) -> tuple[Plan
         return result, config, specs
     finally:
         result.patches = [p.id for p in PATCHER.selected] if name == "shim" else []
-    result.ok = True
+    from speculators_hybrid import align_mode
+
     result.block_size = config.cache_config.block_size
+    align = align_mode.check_config(config, kv)  # vLLM's own start-up check of the block size
+    result.mamba_cache_mode = align.mamba_cache_mode
+    result.max_num_batched_tokens = align.max_num_batched_tokens
+    if not align.ok:
+        result.error = align.message()
+        return result, config, specs
+    result.ok = True
     result.groups = _groups(kv)
     result.request_bytes = planning.max_request_bytes(config, kv)
     concurrency = get_max_concurrency_for_kv_cache_config(config, kv)
@@ -204,6 +214,7 @@ def report(
     max_model_len: int | None,
     memory_gib: float,
     prefix_caching: bool,
+    max_num_batched_tokens: int | None = None,
 ) -> dict[str, Any]:
     from speculators_hybrid import __version__
     from speculators_hybrid.launcher.target import load
@@ -217,6 +228,7 @@ def report(
         prefix_caching=prefix_caching,
         max_model_len=max_model_len,
         chunked_prefill=False if _refuses_chunked(installed("vllm")) else None,
+        max_num_batched_tokens=max_num_batched_tokens,
     )
     memory = int(memory_gib * GIB)
     plans: dict[str, Plan] = {}
@@ -275,6 +287,7 @@ def run(
     prefix_caching: bool,
     as_json: bool,
     verbose: bool = False,
+    max_num_batched_tokens: int | None = None,
 ) -> int:
     """The report for `model` (None: the built-in demo config); 0 when extraction plans with
     the patches, 1 when it does not, 2 for bad input (one line on stderr)."""
@@ -305,7 +318,9 @@ def run(
             from vllm.plugins import load_general_plugins
 
             load_general_plugins()  # stdout is for the report: vLLM's prints go to stderr
-            out = report(path, ids, tp, max_model_len, memory_gib, prefix_caching)
+            out = report(
+                path, ids, tp, max_model_len, memory_gib, prefix_caching, max_num_batched_tokens
+            )
     out["setup"]["model"] = target.model
     out["verdict"] = verdict(out)
     print(json.dumps(out, indent=2) if as_json else render(out))
@@ -396,6 +411,11 @@ def render(out: dict[str, Any]) -> str:
                 f"{g['page_bytes']:>12,}{g['real_page_bytes']:>12,}"
             )
         ratio = out["ratio_to_target"].get(p["name"])
+        if p["mamba_cache_mode"] == "align":
+            lines.append(
+                f"   Mamba cache mode align (prefix caching); max_num_batched_tokens "
+                f"{p['max_num_batched_tokens']:,}"
+            )
         lines.append(
             f"   engine block {p['block_size']}; one max-length request needs "
             f"{size(p['request_bytes'])}"
@@ -424,6 +444,7 @@ def _cli(args: argparse.Namespace) -> int:
         args.prefix_caching,
         args.json,
         args.verbose,
+        args.max_num_batched_tokens,
     )
 
 
@@ -466,6 +487,13 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     doc.add_argument(
         "--prefix-caching", action="store_true", help="plan with prefix caching on (default off)"
+    )
+    doc.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        metavar="N",
+        help="vLLM's max_num_batched_tokens (default: vLLM's); with prefix caching, vLLM "
+        "0.20-0.26 refuse an engine block above it (Mamba align mode)",
     )
     doc.add_argument(
         "--json", action="store_true", help="the report as JSON on stdout (docs/doctor.md)"

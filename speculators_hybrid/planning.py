@@ -23,6 +23,7 @@ class Setup:
     max_model_len: int | None = 262144  # None: vLLM derives it from the config
     language_model_only: bool = True
     chunked_prefill: bool | None = None  # None: vLLM's default
+    max_num_batched_tokens: int | None = None  # None: vLLM's default
 
 
 def extraction_args(
@@ -56,6 +57,7 @@ def engine_config(setup: Setup) -> Any:
         enable_prefix_caching=setup.prefix_caching,
         language_model_only=setup.language_model_only,
         enable_chunked_prefill=setup.chunked_prefill,
+        max_num_batched_tokens=setup.max_num_batched_tokens,
         **extra,
     )
     config = args.create_engine_config()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -29,6 +30,8 @@ STOCK_REFUSES_CHUNKED = (Version("0.22.0"), Version("0.24.0"))
 OWN_CONNECTOR_BEFORE = Version("0.22")  # below it our connector writes the files (writer.py)
 FIRST_WAITING_READER = Version("0.6")  # speculators' readers wait on `<path>.lock` from 0.6.0
 TP_FLAGS = ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")
+BATCH_FLAGS = ("--max-num-batched-tokens", "--max_num_batched_tokens")
+LEN_FLAGS = ("--max-model-len", "--max_model_len")
 
 Log = Callable[[str], None]
 
@@ -179,6 +182,77 @@ def chunked_prefill(argv: list[str], user_args: list[str], vllm: str | None, log
     return argv
 
 
+def _align_check(argv: list[str], target: Target, batched: int) -> dict[str, Any]:
+    """`python -m speculators_hybrid.align_mode` in this Python (vLLM's planning on the CPU
+    in a child process: nothing of it reaches the server this process becomes)."""
+    import subprocess
+    import sys
+
+    probe = Command("", argv)
+    child = [sys.executable, "-m", "speculators_hybrid.align_mode", str(target.config_path.parent)]
+    child += ["--ids", *map(str, probe.layer_ids()), "--max-num-batched-tokens", str(batched)]
+    tp, length = probe.option(TP_FLAGS), probe.option(LEN_FLAGS)
+    child += ["--tp", tp] if tp and tp.strip().isdigit() else []
+    child += ["--max-model-len", length] if length and length.strip().isdigit() else []
+    child += ["--language-model-only"] if LANGUAGE_ONLY in argv else []
+    done = subprocess.run(child, capture_output=True, text=True, check=False)
+    lines = done.stdout.strip().splitlines()
+    try:
+        return dict(json.loads(lines[-1]))
+    except (IndexError, ValueError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"planning_error": f"exit status {done.returncode}: {tail}"}
+
+
+def align_mode_batch(
+    argv: list[str],
+    user_args: list[str],
+    vllm: str | None,
+    target: Target,
+    plugin: bool,
+    log: Log,
+    checker: Callable[[list[str], Target, int], dict[str, Any]] = _align_check,
+) -> list[str]:
+    """Mamba align mode's start-up constraint (speculators_hybrid/align_mode.py) before vLLM
+    starts: where this vLLM asserts block_size <= max_num_batched_tokens, prefix caching stays
+    on for extraction and the command sets max_num_batched_tokens, that value is checked with
+    vLLM's own planning. Below the engine block: raised to it (logged) when the launcher set
+    it, a LaunchError when the user did (their value is theirs to change). Unset, vLLM's GPU
+    defaults apply (2048 or 8192, above the engine blocks planned so far); `doctor
+    --prefix-caching` shows the engine block."""
+    from speculators_hybrid import align_mode
+
+    raw = Command("", argv).option(BATCH_FLAGS)
+    if not (plugin and align_mode.constrained(vllm)) or raw is None or not raw.strip().isdigit():
+        return argv
+    if "--no-enable-prefix-caching" in argv or NO_PREFIX_CACHING.needed_for(vllm):
+        return argv  # caching off (asked for, or by our patch): no align mode
+    result = checker(argv, target, int(raw))
+    if "planning_error" in result:
+        log(f"warning: could not check the Mamba align-mode block size: {result['planning_error']}")
+        return argv
+    check = align_mode.as_check(result)
+    if check.ok:
+        return argv
+    if Command("", user_args).option(BATCH_FLAGS) is not None or not check.smallest_valid:
+        raise LaunchError(check.message())
+    value = str(check.smallest_valid)
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        name = arg.split("=", 1)[0]
+        if name in BATCH_FLAGS and "=" in arg:
+            arg = f"{name}={value}"
+        elif i and argv[i - 1] in BATCH_FLAGS:
+            arg = value
+        out.append(arg)
+    log(
+        f"raised --max-num-batched-tokens {raw} (set by the launcher) to {value}: with prefix "
+        f"caching on, vLLM {vllm} caches the state in 'align' mode and refuses an engine block "
+        f"({check.block_size} tokens) above it"
+    )
+    return out
+
+
 def for_hybrid(
     cmd: Command, target: Target, user_args: list[str], vllm: str | None, log: Log
 ) -> Command:
@@ -200,8 +274,10 @@ def for_hybrid(
                 f"multimodal checkpoint: added {LANGUAGE_ONLY}, the vision tower is not built; "
                 f"layer ids come from text_config (n = {target.num_layers})"
             )
-    for note in vllm_notes(vllm, argv, target, _plugin_checks(log)):
+    plugin = _plugin_checks(log)
+    for note in vllm_notes(vllm, argv, target, plugin):
         log(note)
+    argv = align_mode_batch(argv, user_args, vllm, target, plugin, log)
     env = dict(cmd.env if cmd.env is not None else os.environ)
     changed = _plugins_env(env, log)
     changed = _writes_env(changed or env, vllm, log) or changed
