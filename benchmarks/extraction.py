@@ -11,10 +11,13 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
 - extract-instep: extract with SPECULATORS_HYBRID_ASYNC_WRITES=0 (files written in the step);
 - extract-nofiles: extract with the file path cut off (benchmarks/nofiles.py, vLLM < 0.22).
 
-Workloads: `fixed` (N prompts x L tokens) or `chat` (N prompts, seeded log-uniform lengths
-of 100-8,000 tokens).
+Workloads: `fixed` (N prompts x L tokens), `chat` (N prompts, seeded log-uniform lengths
+of 100-8,000 tokens) or `shared-prefix` (N prompts x L tokens whose first `--shared-prefix-len`
+tokens, 1,000 by default, are the same in a pass: a shared system prompt; each pass has its own).
 
-Same prompts, prefix caching off, CUDA graphs on where they start (`--cuda-graphs auto` falls
+Same prompts, prefix caching off unless `--prefix-caching on` (the JSON records whether the
+engine kept it on: the plugin turns it off for hybrid extraction where it is not proven),
+CUDA graphs on where they start (`--cuda-graphs auto` falls
 back to eager and says so), warm-up before timing, the KV size fixed (`--kv-cache-gib`) so
 "GPU KV cache size: N tokens" from vLLM's start-up log compares the two. One JSON per engine
 in `--out`, and a markdown table of every run found there (`--table-only` reprints it).
@@ -68,7 +71,9 @@ KINDS = ("control", "hybrid")
 SIZES = ("wide-8l", "tiny", "qwen3.6-27b-like")
 DUMMY_SIZES = ("qwen3.6-27b-like",)  # config.json only; the others: checkpoint + local tokenizer
 MODES = ("plain", "extract", "extract-instep", "extract-nofiles")
-WORKLOADS = ("fixed", "chat")
+WORKLOADS = ("fixed", "chat", "shared-prefix")
+SHARED_PREFIX = 1000  # tokens of the shared-prefix workload's common system prompt
+SHARED_PROMPT = 2000  # its prompts' length unless --prompt-len is given
 CHAT_LENGTHS = (100, 8000)  # the chat mix: log-uniform prompt lengths in this range
 CHAT_SEED = 0  # the same mix for every engine
 KIND = "extraction-benchmark-run"
@@ -101,8 +106,9 @@ SIZE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def prompt_lengths(workload: str, count: int, length: int, seed: int = CHAT_SEED) -> list[int]:
-    """`count` x `length` (fixed), or `count` seeded log-uniform lengths in CHAT_LENGTHS (chat)."""
-    if workload == "fixed":
+    """`count` x `length` (fixed, shared-prefix), or `count` seeded log-uniform lengths in
+    CHAT_LENGTHS (chat)."""
+    if workload != "chat":  # fixed, shared-prefix
         return [length] * count
     rng, (lo, hi) = random.Random(seed), CHAT_LENGTHS
     return [round(math.exp(rng.uniform(math.log(lo), math.log(hi)))) for _ in range(count)]
@@ -316,7 +322,8 @@ def storage_fs(path: Path) -> str:
 
 def run_name(args: argparse.Namespace, kind: str, mode: str) -> str:
     vllm = installed("vllm") or "-none"
-    return f"vllm{vllm}-plugin-{args.plugin}-{kind}-{args.size}-{args.workload}-{mode}"
+    cached = "-prefix-caching" if args.prefix_caching == "on" else ""
+    return f"vllm{vllm}-plugin-{args.plugin}-{kind}-{args.size}-{args.workload}{cached}-{mode}"
 
 
 def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
@@ -334,7 +341,9 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
         dummy=args.size in DUMMY_SIZES,
         workload=args.workload,
         prompts=args.prompts,
-        prompt_len=args.prompt_len if args.workload == "fixed" else None,
+        prompt_len=args.prompt_len if args.workload != "chat" else None,
+        shared_prefix=args.shared_prefix_len if args.workload == "shared-prefix" else 0,
+        prefix_caching=args.prefix_caching == "on",
         lengths=lengths,
         repeats=args.repeats,
         warmup=args.warmup,
@@ -407,6 +416,8 @@ def workload_text(run: dict[str, Any]) -> str:
     s, w = run["settings"], run.get("workload")
     if not w or w["name"] == "fixed":
         return f"{s['prompts']}x{s['prompt_len']} tok"
+    if w["name"] == "shared-prefix":
+        return f"{s['prompts']}x{s['prompt_len']} tok sharing a {s['shared_prefix']}-tok prefix"
     lo, hi = CHAT_LENGTHS
     return f"chat mix {w['prompts']} prompts {lo}-{hi} tok (total {w['total_tokens']:,})"
 
@@ -420,11 +431,20 @@ def settings_text(run: dict[str, Any]) -> str:
     return (
         f"{workload_text(run)}, {s['repeats']} passes, {graphs}, "
         f"batch {s['max_num_batched_tokens']}, KV {s['kv_cache_bytes'] / 2**30:g} GiB, "
-        f"prefix caching off, ids {','.join(map(str, s['layer_ids']))}, "
+        f"{caching_text(run)}, ids {','.join(map(str, s['layer_ids']))}, "
         f"files on {run['storage_fs']}"
         + (", async writes" if writes in ("1", "true", "yes") else "")
         + (f", in-step writes ({ASYNC_WRITES}=0)" if writes == "0" else "")
     )
+
+
+def caching_text(run: dict[str, Any]) -> str:
+    """Prefix caching as asked for, and as the engine had it when that differs."""
+    asked = bool(run["settings"].get("prefix_caching"))
+    kept = run.get("prefix_caching_in_engine", asked)
+    if asked and not kept:
+        return "prefix caching asked, off in the engine"
+    return f"prefix caching {'on' if asked else 'off'}"
 
 
 def _cpu(run: dict[str, Any]) -> str:
@@ -443,6 +463,7 @@ def table(runs: list[dict[str, Any]]) -> str:
             model["kind"],
             model.get("size", "?"),
             workload,
+            bool(run["settings"].get("prefix_caching")),
         )
         groups.setdefault(key, {})[run["mode"]] = run
     head = (
@@ -506,6 +527,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--modes", nargs="+", choices=MODES, default=["plain", "extract"])
     ap.add_argument("--size", choices=SIZES, default=SIZES[0], help="models.PRESETS entry")
     ap.add_argument("--workload", choices=WORKLOADS, default="fixed")
+    ap.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        default=SHARED_PREFIX,
+        help=f"shared-prefix workload: tokens all prompts of a pass share ({SHARED_PREFIX})",
+    )
+    ap.add_argument(
+        "--prefix-caching",
+        choices=("on", "off"),
+        default="off",
+        help="vLLM's prefix caching for every engine (default off)",
+    )
     per_size = "default: per --size (SIZE_DEFAULTS)"
     ap.add_argument("--prompts", type=int, help=per_size)
     ap.add_argument("--prompt-len", type=int, help=f"fixed workload; {per_size}")
@@ -535,10 +568,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # internal: one engine, from a spec
     ap.add_argument("--build", nargs="+", help=argparse.SUPPRESS)  # internal: SIZE WORK DEVICE..
     args = ap.parse_args(argv)
+    if args.workload == "shared-prefix" and args.prompt_len is None:
+        args.prompt_len = SHARED_PROMPT  # the issue's 64 x 2,000 tokens, 1,000 of them shared
     for key, value in SIZE_DEFAULTS.get(args.size, DEFAULTS).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    longest = args.prompt_len if args.workload == "fixed" else CHAT_LENGTHS[1]
+    longest = args.prompt_len if args.workload != "chat" else CHAT_LENGTHS[1]
+    if args.workload == "shared-prefix" and not 0 < args.shared_prefix_len < args.prompt_len:
+        ap.error(
+            f"--shared-prefix-len must be between 1 and --prompt-len - 1 ({args.prompt_len - 1})"
+        )
     if longest + 1 > args.max_model_len:
         ap.error(f"--max-model-len must exceed the longest prompt ({longest} tokens)")
     return args

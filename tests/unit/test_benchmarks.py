@@ -484,3 +484,51 @@ def test_a_failing_engine_is_retried_eager_and_reported(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [*(f"{r['name']}.json" for r in runs), "table.md"]
     )
+
+
+# ---------------------------------------------------------------- shared prefix (issue 17)
+
+
+def test_shared_prefix_workload_shares_exactly_the_prefix_per_pass():
+    args = bench.parse_args(
+        ["--workload", "shared-prefix", "--prompt-len", "2000", "--max-model-len", "4096"]
+    )
+    assert (args.prompts, args.shared_prefix_len, args.prefix_caching) == (64, 1000, "off")
+    lengths = bench.prompt_lengths(args.workload, args.prompts, args.prompt_len)
+    prompts = engine.make_prompts(lengths, 1000, seed=0, shared=args.shared_prefix_len)
+    assert [len(p) for p in prompts] == [2000] * 64
+    assert len({tuple(p[:1000]) for p in prompts}) == 1  # one system prompt
+    assert len({p[1000] for p in prompts}) > 1 and len({tuple(p[1000:]) for p in prompts}) == 64
+    other = engine.make_prompts(lengths, 1000, seed=1, shared=1000)  # the next pass: its own
+    assert other[0][:1000] != prompts[0][:1000]
+    assert engine.make_prompts([5, 5], 1000, 0) != engine.make_prompts([5, 5], 1000, 0, 3)
+    assert engine.make_prompts([2], 1000, 0, 3) == [engine.make_prompts([3], 1000, 0, 3)[0][:2]]
+    with pytest.raises(SystemExit):  # the prefix must leave tokens of its own to each prompt
+        bench.parse_args(["--workload", "shared-prefix", "--shared-prefix-len", "2000"])
+
+
+def test_prefix_caching_flag_reaches_the_engine_and_the_table():
+    on = bench.parse_args(["--workload", "shared-prefix", "--prefix-caching", "on"])
+    off = bench.parse_args(["--workload", "shared-prefix", "--shared-prefix-len", "256"])
+    assert bench.run_name(on, "hybrid", "extract") != bench.run_name(off, "hybrid", "extract")
+    assert "shared-prefix-prefix-caching-extract" in bench.run_name(on, "hybrid", "extract")
+    assert (
+        engine.engine_kwargs(spec("extract") | {"prefix_caching": True}, set())[
+            "enable_prefix_caching"
+        ]
+        is True
+    )
+    assert engine.engine_kwargs(spec("extract"), set())["enable_prefix_caching"] is False
+    shared = {"name": "shared-prefix", "prompts": 64, "total_tokens": 128000}
+    runs = []
+    for caching in (True, False):
+        for mode in ("plain", "extract"):
+            run = fake_run(mode, 1e5, 10**6, workload=shared, prefix_caching_in_engine=caching)
+            run["settings"].update(prompt_len=2000, shared_prefix=1000, prefix_caching=caching)
+            runs.append(run)
+    rows = bench.table(runs).splitlines()[2:]
+    assert len(rows) == 2  # on and off side by side, each beside its own plain
+    assert sum("prefix caching on" in r for r in rows) == 1
+    assert all("64x2000 tok sharing a 1000-tok prefix" in r for r in rows)
+    runs[1]["prefix_caching_in_engine"] = False  # the plugin turned it off for extraction
+    assert "prefix caching asked, off in the engine" in bench.settings_text(runs[1])
