@@ -184,12 +184,9 @@ def test_our_connector_under_load(shim, tmp_path):
     load.verdict()
 
 
-@needs("hidden-states-safe-file-names")
+# vLLM 0.22-0.23 save in the forward pass and refuse chunked prefill with this connector.
+@needs("hidden-states-safe-file-names", "hidden-states-whole-prompts-only")
 def test_vllms_connector_under_load(shim, tmp_path):
-    from upstream_worker import VLLM
-
-    if VLLM.release < (0, 24):
-        pytest.skip("vLLM 0.22-0.23 save in the forward pass and refuse chunked prefill here")
     load = Load(str(tmp_path), upstream=True)
     load.run()
     load.verdict()
