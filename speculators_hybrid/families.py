@@ -5,7 +5,8 @@ implement vLLM's `SupportsEagle3`; without it vLLM fails only after loading the 
 ("Model does not support EAGLE3 interface"). `FAMILIES` names, for each hybrid `model_type`
 (launcher/target.py's HYBRID_MODEL_TYPES), the class vLLM builds for it and the first release
 in the test matrix (support.VLLM) whose class has them, with this plugin loaded (it registers
-the text-only Qwen3.5 classes before vLLM 0.27). `launch` and `doctor` refuse a family on an
+the text-only Qwen3.5 classes before vLLM 0.27, and adds them to Nemotron-H before 0.22 and
+to GraniteMoeHybrid). `launch` and `doctor` refuse a family on an
 earlier release in one line that names the first release that works; README's family table is
 made from it (`scripts/matrix.py table`). tests/cpu/test_families.py checks every entry
 against the installed vLLM's own classes, so each release of the matrix confirms its column.
@@ -36,8 +37,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "0.20.0"),
     Family("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "0.20.0"),
     Family("qwen3_next", "Qwen3NextForCausalLM", "0.24.0"),
-    Family("nemotron_h", "NemotronHForCausalLM", "0.22.0"),
-    Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", None),
+    Family("nemotron_h", "NemotronHForCausalLM", "0.20.0"),  # patch nemotron_h-eagle3 < 0.22
+    # patch granitemoehybrid-eagle3; 0.20/0.21 refuse the model type by name (SpeculativeConfig)
+    Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "0.22.0"),
     Family("falcon_h1", "FalconH1ForCausalLM", None),
     Family("jamba", "JambaForCausalLM", None),
     Family("bamba", "BambaForCausalLM", None),

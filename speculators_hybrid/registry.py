@@ -51,11 +51,16 @@ class PatchError(RuntimeError):
 class Target:
     module: str
     attr: str  # "name" or "Class.name"
-    wrapper: Wrapper
+    wrapper: Wrapper | Callable[[Any], Any]  # a factory of the replacement when `replaces`
     # Accepted fingerprints of the original code, one per distinct upstream version.
     fingerprints: tuple[str, ...]
     # Narrower than the patch's range where the code moved between releases.
     versions: str | None = None
+    # Set in place of the original instead of wrapping it: `wrapper` is then called once with
+    # the original and returns the plain object to install (a method vLLM compiles through its
+    # class's `forward.__code__`, which a wrapt proxy would hand over as the original's code;
+    # a class replaced by a subclass). Revert restores the original as for a wrapper.
+    replaces: bool = False
 
     @property
     def name(self) -> str:
@@ -241,7 +246,11 @@ class Patcher:
                 return
             for p, t in todo:
                 owner, name, original = resolve(module, t.attr)  # type: ignore[misc]
-                setattr(owner, name, _wrap(original, t.wrapper))
+                if t.replaces:
+                    new = t.wrapper(original)  # type: ignore[call-arg]
+                else:
+                    new = _wrap(original, t.wrapper)  # type: ignore[arg-type]
+                setattr(owner, name, new)
                 self._applied[(p.id, t.name)] = _Applied(owner, name, original)
 
 

@@ -22,6 +22,7 @@ BEFORE_022 = {
     "hidden-states-write-slots",
     "files-whole-when-generate-returns",
     OWN_PAGE,
+    "nemotron_h-eagle3",  # vLLM 0.22 adds SupportsEagle3 to NemotronH
 }
 FROM_022 = {
     PROVENANCE,
@@ -29,6 +30,7 @@ FROM_022 = {
     "no-prefix-caching-for-hybrid-extraction",
     "hidden-states-safe-file-names",
     OWN_PAGE,
+    "granitemoehybrid-eagle3",  # 0.20/0.21 refuse the model type by name
 }
 
 # vLLM release -> the patches it needs (the table README.md shows).

@@ -45,12 +45,14 @@ BEFORE_022 = {
     "hidden-states-own-group",
     "hidden-states-write-slots",
     "files-whole-when-generate-returns",  # our connector writes off the step
+    "nemotron_h-eagle3",  # vLLM 0.22 adds SupportsEagle3 to NemotronH
 }
 FROM_022 = {
     "hidden-block-divides-engine-block",
     "no-prefix-caching-for-hybrid-extraction",
     "hidden-states-provenance",
     "hidden-states-safe-file-names",
+    "granitemoehybrid-eagle3",  # 0.20/0.21 refuse the model type by name
 }
 HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
 RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2

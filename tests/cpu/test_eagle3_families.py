@@ -1,0 +1,240 @@
+"""granitemoehybrid-eagle3, nemotron_h-eagle3: vLLM's real classes get EAGLE-3 auxiliary hidden
+states (SupportsEagle3, as vLLM's model runner and check-extraction-input ask), and the decoder
+stack's forward returns them at the ids Qwen3.5 uses (0 = embeddings, i = residual stream after
+layer i-1, n = last, pre-norm).
+
+The forward runs vLLM's real decoder-stack class, built on the CPU from a tiny config, with its
+own embeddings and final norm; its Mamba-2 / attention layers need GPU kernels and a forward
+context, so each decoder layer is swapped for a small module with the same contract (what it
+returns as hidden states and residual) and the expected ids are computed from those modules.
+The numerical match with transformers runs on the GPU (tests/gpu/test_hybrid_families.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+import torch
+from conftest import needs, set_shim
+from test_layer_zero import distributed, kernel_names  # noqa: F401, F811  (fixtures)
+
+from speculators_hybrid.vllm_patches import eagle3_granite, eagle3_nemotron_h
+
+GRANITE = {
+    "architectures": ["GraniteMoeHybridForCausalLM"],
+    "model_type": "granitemoehybrid",
+    "num_hidden_layers": 4,
+    "layer_types": ["mamba", "attention", "mamba", "mamba"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "shared_intermediate_size": 128,
+    "num_local_experts": 0,
+    "num_experts_per_tok": 0,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "mamba_n_heads": 8,
+    "mamba_d_head": 16,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 64,
+    "embedding_multiplier": 12.0,
+    "residual_multiplier": 0.22,
+    "attention_multiplier": 0.0078125,
+    "logits_scaling": 8.0,
+    "position_embedding_type": "nope",
+    "vocab_size": 128,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
+NEMOTRON_H = {
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "num_hidden_layers": 4,
+    "hybrid_override_pattern": "M*M-",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 16,
+    "n_groups": 1,
+    "ssm_state_size": 16,
+    "conv_kernel": 4,
+    "expand": 2,
+    "chunk_size": 64,
+    "mlp_hidden_act": "relu2",
+    "vocab_size": 128,
+    "max_position_embeddings": 1024,
+    "torch_dtype": "float32",
+}
+FAMILIES = {
+    "granitemoehybrid": (eagle3_granite, GRANITE, "GraniteMoeHybridForCausalLM"),
+    "nemotron_h": (eagle3_nemotron_h, NEMOTRON_H, "NemotronHForCausalLM"),
+}
+IDS = (0, 1, 3, 4)
+
+
+def _forget_classes() -> None:
+    """vLLM's registry caches each architecture's class (lru_cache): switching the shim in one
+    process must not leave the other state's class there."""
+    from vllm.model_executor.models import registry
+
+    registry._try_load_model_cls.cache_clear()
+    registry._try_inspect_model_cls.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def fresh_classes():
+    _forget_classes()
+    yield
+    _forget_classes()
+
+
+def _params(family: str):
+    module = FAMILIES[family][0]
+    return pytest.param(family, marks=needs(module.PATCH.id), id=family)
+
+
+CASES = [_params(f) for f in FAMILIES]
+
+
+def _dir(tmp_path, family: str) -> str:
+    (tmp_path / "config.json").write_text(json.dumps(FAMILIES[family][1]))
+    return str(tmp_path)
+
+
+class StandIn(torch.nn.Module):
+    """A decoder layer's contract without its kernels: Granite's layers return the residual
+    stream as hidden states (the residual they return is internal); Nemotron-H's keep a
+    separate residual, the stream being hidden + residual."""
+
+    def __init__(self, index: int, hidden: int, separate_residual: bool):
+        super().__init__()
+        gen = torch.Generator().manual_seed(index)
+        self.weight = torch.randn(hidden, hidden, generator=gen) / hidden**0.5
+        self.separate = separate_residual
+
+    def forward(self, positions, hidden_states, residual):
+        if self.separate:  # vLLM's fused add-RMSNorm convention
+            stream = hidden_states if residual is None else hidden_states + residual
+            residual = stream
+            return torch.tanh(stream @ self.weight), residual
+        out = hidden_states + torch.tanh(hidden_states @ self.weight)
+        return out, hidden_states
+
+    def stream(self, x, residual):
+        hidden, residual = self(None, x, residual)
+        return hidden, residual, (hidden if not self.separate else hidden + residual)
+
+
+def _built(tmp_path, family: str, on: bool):
+    from test_extraction_input import build
+    from vllm.config import set_current_vllm_config
+
+    set_shim(on)
+    try:
+        config = build(_dir(tmp_path, family), IDS)
+        module = importlib.import_module(FAMILIES[family][0].MODULE)
+        kinds = getattr(module, "ALL_DECODER_LAYER_TYPES", None)
+        named = getattr(config.model_config.hf_config, "layer_types", None) or []
+        if kinds is not None and family == "granitemoehybrid" and not set(named) <= set(kinds):
+            pytest.skip(  # transformers >= 5.13 renamed them; vLLM maps both names later
+                f"this vLLM's GraniteMoeHybridModel knows layer types {sorted(kinds)}, the "
+                f"installed transformers writes {sorted(set(named))}: it cannot be built here"
+            )
+        cls = getattr(module, FAMILIES[family][2])
+        with set_current_vllm_config(config):
+            model = cls(vllm_config=config, prefix="")
+    finally:
+        set_shim(True)
+    return model
+
+
+@pytest.mark.parametrize("family", CASES)
+def test_the_class_reports_eagle3_as_vllm_checks_it(shim, family):
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.model_executor.models.interfaces import supports_eagle3
+
+    patch, _, arch = FAMILIES[family]
+    module = importlib.import_module(patch.MODULE)
+    assert supports_eagle3(getattr(module, arch))
+    assert supports_eagle3(ModelRegistry._try_load_model_cls(arch))  # vLLM's registry's class
+    set_shim(False)
+    try:
+        assert not supports_eagle3(getattr(module, arch))  # vLLM's own class, restored
+    finally:
+        set_shim(True)
+        _forget_classes()
+
+
+@pytest.mark.parametrize("family", CASES)
+def test_extraction_config_is_accepted(shim, tmp_path, family):
+    from test_extraction_input import build
+
+    config = build(_dir(tmp_path, family), IDS)
+    ids = config.speculative_config.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids
+    assert list(ids) == list(IDS)
+
+
+@pytest.mark.parametrize("family", CASES)
+def test_without_the_patch_check_extraction_input_refuses(no_shim, tmp_path, family):
+    """check-extraction-input (which stays on) names the class and what it lacks."""
+    from test_extraction_input import build
+
+    from speculators_hybrid.plugin import PATCHER, vllm_patches
+
+    ours = FAMILIES[family][0].PATCH.id
+    PATCHER.apply([p for p in vllm_patches() if p.id != ours])
+    _forget_classes()
+    with pytest.raises(ValueError) as err:
+        build(_dir(tmp_path, family), IDS)
+    message = str(err.value)
+    assert f"model class {FAMILIES[family][2]}" in message
+    assert "does not implement vLLM's SupportsEagle3" in message
+
+
+@pytest.mark.full_tier
+@pytest.mark.parametrize("family", CASES)
+def test_forward_returns_aux_states_at_the_ids(distributed, tmp_path, family):  # noqa: F811
+    model = _built(tmp_path, family, on=True)
+    model.set_aux_hidden_state_layers(IDS)  # as vLLM's model runner calls it
+    stack = model.model
+    hidden = stack.config.hidden_size
+    separate = family == "nemotron_h"
+    layers = [StandIn(i, hidden, separate) for i in range(len(stack.layers))]
+    stack.layers = torch.nn.ModuleList(layers)
+    for weight in stack.parameters():  # built with torch.empty: give them values
+        torch.nn.init.normal_(weight)
+    tokens = torch.tensor([3, 17, 42, 5, 99])
+    with torch.no_grad():
+        out, aux = stack.forward(tokens, torch.arange(5))
+        emb = stack.embed_input_ids(tokens) * getattr(stack, "embedding_multiplier", 1.0)
+        expected, x, residual = [emb.clone()], emb, None
+        for layer in layers:
+            x, residual, stream = layer.stream(x, residual)
+            expected.append(stream)
+    assert len(aux) == len(IDS)
+    for got, index in zip(aux, IDS, strict=True):
+        assert torch.allclose(got, expected[index], atol=1e-6), index
+    assert not torch.allclose(out, expected[-1])  # the last output is after the final norm
+    assert torch.allclose(aux[0], emb)  # id 0 the embeddings, not overwritten by layer 1
+
+
+@pytest.mark.full_tier
+@pytest.mark.parametrize("family", CASES)
+def test_without_aux_layers_forward_returns_the_tensor_alone(distributed, tmp_path, family):  # noqa: F811
+    model = _built(tmp_path, family, on=True)
+    stack = model.model
+    stack.layers = torch.nn.ModuleList(
+        StandIn(i, stack.config.hidden_size, family == "nemotron_h")
+        for i in range(len(stack.layers))
+    )
+    with torch.no_grad():
+        out = stack.forward(torch.tensor([1, 2, 3]), torch.arange(3))
+    assert isinstance(out, torch.Tensor) and out.shape == (3, stack.config.hidden_size)
