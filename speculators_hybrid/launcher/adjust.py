@@ -18,6 +18,7 @@ from speculators_hybrid.launcher.target import Target, tp_error
 from speculators_hybrid.vllm_patches.extraction_input import id_problems as id_problems
 from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error
 from speculators_hybrid.vllm_patches.hidden_read import PATCH as READ_SLOTS
+from speculators_hybrid.vllm_patches.prefix_caching import OPT_IN_ENV, opt_in_allowed
 from speculators_hybrid.vllm_patches.prefix_caching import PATCH as NO_PREFIX_CACHING
 from speculators_hybrid.vllm_patches.writer import ASYNC_ENV
 
@@ -101,6 +102,29 @@ def _writes_env(env: dict[str, str], vllm: str | None, log: Log) -> dict[str, st
     return None
 
 
+def caching_kept(user_args: list[str], vllm: str | None) -> bool:
+    """The user asked for prefix caching where our patch would turn it off and may keep it
+    (vllm_patches/prefix_caching.py: the opt-in, vLLM >= 0.24)."""
+    return (
+        "--enable-prefix-caching" in user_args
+        and NO_PREFIX_CACHING.needed_for(vllm)
+        and opt_in_allowed(vllm)
+    )
+
+
+def _caching_env(
+    env: dict[str, str], user_args: list[str], vllm: str | None, log: Log
+) -> dict[str, str] | None:
+    if not caching_kept(user_args, vllm) or env.get(OPT_IN_ENV):
+        return None
+    log(
+        f"--enable-prefix-caching asked for: {OPT_IN_ENV}=1, the plugin keeps it on (files after "
+        f"a cache hit are not yet GPU-proven on vLLM {vllm}: check them with "
+        "`speculators-hybrid verify`)"
+    )
+    return {**env, OPT_IN_ENV: "1"}
+
+
 def _plugin_checks(log: Log) -> bool:
     """Warn where vLLM will not run our plugin; whether it will."""
     names = {ep.name for ep in metadata.entry_points(group="vllm.general_plugins")}
@@ -122,7 +146,9 @@ def _version(text: str | None) -> Version | None:
         return None
 
 
-def vllm_notes(version: str | None, argv: list[str], target: Target, plugin: bool) -> list[str]:
+def vllm_notes(
+    version: str | None, argv: list[str], target: Target, plugin: bool, kept: bool = False
+) -> list[str]:
     """Known problems of the installed vLLM with hybrid extraction, and what the plugin (if it
     will run) does about them; notes only, the command is not changed here."""
     notes: list[str] = []
@@ -143,7 +169,9 @@ def vllm_notes(version: str | None, argv: list[str], target: Target, plugin: boo
             )
     if "--enable-prefix-caching" not in argv:
         return notes
-    if plugin and NO_PREFIX_CACHING.needed_for(version):
+    if plugin and kept:
+        pass  # the plugin keeps it on as asked (_caching_env says so)
+    elif plugin and NO_PREFIX_CACHING.needed_for(version):
         notes.append(
             f"vLLM {version}: the plugin turns prefix caching off for hybrid extraction "
             f"(cache hits gave wrong hidden states; {NO_PREFIX_CACHING.id})"
@@ -195,7 +223,8 @@ def _align_check(argv: list[str], target: Target, batched: int) -> dict[str, Any
     child += ["--tp", tp] if tp and tp.strip().isdigit() else []
     child += ["--max-model-len", length] if length and length.strip().isdigit() else []
     child += ["--language-model-only"] if LANGUAGE_ONLY in argv else []
-    done = subprocess.run(child, capture_output=True, text=True, check=False)
+    env = {**os.environ, OPT_IN_ENV: "1"}  # planned as served: caching on (the caller checked)
+    done = subprocess.run(child, capture_output=True, text=True, check=False, env=env)
     lines = done.stdout.strip().splitlines()
     try:
         return dict(json.loads(lines[-1]))
@@ -225,7 +254,8 @@ def align_mode_batch(
     raw = Command("", argv).option(BATCH_FLAGS)
     if not (plugin and align_mode.constrained(vllm)) or raw is None or not raw.strip().isdigit():
         return argv
-    if "--no-enable-prefix-caching" in argv or NO_PREFIX_CACHING.needed_for(vllm):
+    off_by_patch = NO_PREFIX_CACHING.needed_for(vllm) and not caching_kept(user_args, vllm)
+    if "--no-enable-prefix-caching" in argv or off_by_patch:
         return argv  # caching off (asked for, or by our patch): no align mode
     result = checker(argv, target, int(raw))
     if "planning_error" in result:
@@ -275,12 +305,14 @@ def for_hybrid(
                 f"layer ids come from text_config (n = {target.num_layers})"
             )
     plugin = _plugin_checks(log)
-    for note in vllm_notes(vllm, argv, target, plugin):
+    for note in vllm_notes(vllm, argv, target, plugin, caching_kept(user_args, vllm)):
         log(note)
     argv = align_mode_batch(argv, user_args, vllm, target, plugin, log)
     env = dict(cmd.env if cmd.env is not None else os.environ)
     changed = _plugins_env(env, log)
     changed = _writes_env(changed or env, vllm, log) or changed
+    if plugin:
+        changed = _caching_env(changed or env, user_args, vllm, log) or changed
     return replace(cmd, argv=argv, env=changed if changed is not None else cmd.env)
 
 

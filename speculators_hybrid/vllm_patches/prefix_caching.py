@@ -12,23 +12,63 @@ connector path keeps prefix caching on: there it was measured correct (tests/gpu
 Root cause (vLLM 0.24-0.26), found since: the scheduler resumed a hit where the attention
 layers had state but the GDN layers had not; hidden-states-consistent-prefix-hit (prefix_hit.py)
 fixes that. This patch stays until a GPU run shows matching hidden states with the fix.
+Opt-in (issue 17): SPECULATORS_HYBRID_PREFIX_CACHING=1 (`launch` sets it when the user passes
+--enable-prefix-caching) keeps prefix caching on, with a warning, on vLLM >= 0.24. Proven so
+far on the CPU: a hit resumes where the GDN layers saved state (tests/cpu/test_prefix_hit.py
+with prefix_hit.py on 0.24-0.28, test_prefix_hit_fixed.py stock from 0.27). Not yet proven:
+the file after a hit covers every prompt token and equals the uncached file (scheduler-side
+connector on the CPU, 0.24-0.33), and any GPU run (0.24.0, 0.25.0: tests/gpu with prefix caching
+on, hits across chunk boundaries, every file within the calibrated floor). On 0.22-0.23 the
+opt-in is refused (still off): vLLM's connector refuses chunked prefill there, which Mamba
+'align' mode needs. The range narrows release by release as those proofs hold.
 Upstream: none yet.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from speculators_hybrid.registry import Patch, Target
+from packaging.version import Version
+
+from speculators_hybrid.registry import Patch, Target, base_version
 from speculators_hybrid.vllm_patches.hma_config import is_hybrid_extraction
 
 logger = logging.getLogger("vllm.speculators_hybrid")
+OPT_IN_ENV = "SPECULATORS_HYBRID_PREFIX_CACHING"
+FIRST_OPT_IN = Version("0.24")  # 0.22-0.23: the connector refuses chunked prefill
+
+
+def opted_in() -> bool:
+    return os.environ.get(OPT_IN_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def opt_in_allowed(version: str | None) -> bool:
+    return version is not None and Version(str(base_version(version))) >= FIRST_OPT_IN
 
 
 def _caching_off(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     cache = getattr(instance, "cache_config", None)
     if cache is not None and cache.enable_prefix_caching and is_hybrid_extraction(instance):
+        import vllm
+
+        if opted_in() and opt_in_allowed(vllm.__version__):
+            logger.warning(
+                "speculators-hybrid: prefix caching kept on for hidden-state extraction from a "
+                "hybrid model, as %s asks: on vLLM %s files after a cache hit are not yet proven "
+                "right on a GPU; check them with `speculators-hybrid verify`",
+                OPT_IN_ENV,
+                vllm.__version__,
+            )
+            return wrapped(*args, **kwargs)
+        if opted_in():
+            logger.warning(
+                "speculators-hybrid: %s is ignored on vLLM %s: its connector refuses chunked "
+                "prefill, which prefix caching of a hybrid model needs",
+                OPT_IN_ENV,
+                vllm.__version__,
+            )
         cache.enable_prefix_caching = False
         logger.warning(
             "speculators-hybrid: prefix caching turned off for hidden-state extraction from a "

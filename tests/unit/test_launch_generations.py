@@ -226,7 +226,8 @@ def test_vllm_before_020_gets_no_language_model_only(targets, monkeypatch, capsy
 
 KNOWN_PROBLEMS = [  # (vLLM, vLLM args, the warning without the plugin, the note with it)
     ("0.24.0", [], "all-zero hidden states", "hidden-states-read-slots keeps"),
-    ("0.25.0", ["--enable-prefix-caching"], "hash_block_size", "turns prefix caching off"),
+    # An explicit --enable-prefix-caching is the opt-in (issue 17) from 0.24: kept, with a word.
+    ("0.25.0", ["--enable-prefix-caching"], "hash_block_size", "the plugin keeps it on"),
     (
         "0.22.1",
         ["--enable-prefix-caching"],
