@@ -16,6 +16,8 @@ before the final norm.
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
 from typing import Any
 
 ATTR = "aux_hidden_state_layers"
@@ -29,6 +31,24 @@ def add(aux: list[Any], layers: tuple[int, ...], index: int, state: Any) -> None
     """Append the residual-stream `state` for id `index` if it is asked for."""
     if index in layers:
         aux.append(state.clone() if index == 0 else state)
+
+
+def replacing(func: Callable[..., Any]) -> Callable[[Any], Any]:
+    """A `Target.replaces` factory: a fresh copy of `func` per install (vLLM rewrites the
+    installed forward's `__code__` when it compiles), with `__wrapped__` = the original, so
+    fingerprints and `inspect` see vLLM's code through it, as through a wrapt proxy."""
+
+    def factory(original: Any) -> Any:
+        new = types.FunctionType(
+            func.__code__, func.__globals__, func.__name__, func.__defaults__, func.__closure__
+        )
+        new.__kwdefaults__ = func.__kwdefaults__
+        new.__doc__ = func.__doc__
+        new.__qualname__ = original.__qualname__
+        new.__wrapped__ = original  # type: ignore[attr-defined]
+        return new
+
+    return factory
 
 
 def eagle3_class(original: type) -> type:

@@ -20,7 +20,7 @@ from itertools import islice
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target
-from speculators_hybrid.vllm_patches.eagle3_aux import add, eagle3_class, layers_of
+from speculators_hybrid.vllm_patches.eagle3_aux import add, eagle3_class, layers_of, replacing
 
 MODULE = "vllm.model_executor.models.granitemoehybrid"
 
@@ -71,7 +71,7 @@ PATCH = Patch(
         Target(
             MODULE,
             "GraniteMoeHybridModel.forward",
-            lambda original: granite_forward,  # replaces vLLM's
+            replacing(granite_forward),
             ("499f387c8e071625",),  # 0.22.0-0.33.0
             replaces=True,
         ),

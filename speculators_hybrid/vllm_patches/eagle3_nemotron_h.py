@@ -18,7 +18,7 @@ from itertools import islice
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target
-from speculators_hybrid.vllm_patches.eagle3_aux import add, eagle3_class, layers_of
+from speculators_hybrid.vllm_patches.eagle3_aux import add, eagle3_class, layers_of, replacing
 
 MODULE = "vllm.model_executor.models.nemotron_h"
 
@@ -68,7 +68,7 @@ PATCH = Patch(
         Target(
             MODULE,
             "NemotronHModel.forward",
-            lambda original: nemotron_h_forward,  # replaces vLLM's
+            replacing(nemotron_h_forward),
             ("088714c49bb3148d",),  # 0.20.0-0.21.0
             replaces=True,
         ),

@@ -50,6 +50,9 @@ def test_every_target_fingerprints_as_inspect_does_and_fast(shim):
     wrapped = 0
     for target, obj in _targets():
         seen.add(target.name)
+        if isinstance(obj, type):  # a class a patch replaces: inspect reads it, by name
+            assert fingerprint(obj) == _by_inspect(obj), target.name
+            continue
         wrapped += hasattr(_function_of(obj), "__wrapped__")
         source = fast_source(_function_of(obj))
         assert source is not None, f"{target.name}: not read from its code object"
