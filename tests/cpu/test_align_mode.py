@@ -13,6 +13,7 @@ import vllm
 from conftest import model_dir
 
 from speculators_hybrid import align_mode, planning
+from speculators_hybrid.vllm_patches.prefix_caching import OPT_IN_ENV, opt_in_allowed
 from speculators_hybrid.vllm_patches.prefix_caching import PATCH as NO_PREFIX_CACHING
 
 
@@ -25,12 +26,16 @@ def _setup(batched: int) -> planning.Setup:
     )
 
 
-def test_align_mode_block_above_the_batch_is_refused_with_the_smallest_valid_value(shim):
+def test_align_mode_block_above_the_batch_is_refused_with_the_smallest_valid_value(
+    shim, monkeypatch
+):
+    monkeypatch.setenv(OPT_IN_ENV, "1")  # caching kept on where the plugin may (0.24+)
     config = planning.engine_config(_setup(256))
     specs = planning.layer_specs(config)
     kv = planning.plan(config, specs, align_mode.PLAN_MEMORY)
     result = align_mode.check_config(config, kv)
-    if NO_PREFIX_CACHING.needed_for(vllm.__version__):  # the plugin turns caching off here
+    version = vllm.__version__
+    if NO_PREFIX_CACHING.needed_for(version) and not opt_in_allowed(version):  # 0.22-0.23: off
         assert not config.cache_config.enable_prefix_caching
         assert result.mamba_cache_mode != "align" and result.ok
         return
