@@ -1,0 +1,370 @@
+"""GPU proof of issue 15: speculators' own pipeline on a hybrid target, end to end.
+
+`speculators-hybrid launch --launcher <speculators' scripts/launch_vllm.py>` (the file named by
+`SPECULATORS_HYBRID_LAUNCHER`; the built-in launcher without it) starts `vllm serve` for a tiny
+random Qwen3.5 hybrid (multimodal layout, local byte-level tokenizer with a chat template) with
+speculators' default layer ids. Then speculators' own commands, as a user runs them:
+
+1. `speculators prepare-data` renders 64 short chat conversations through the server;
+2. `speculators generate-offline-data` writes `hs_<i>.safetensors` for them (offline mode), and
+   `speculators-hybrid check DIR --dataset DATA` must pass on what it wrote;
+3. `speculators train` (through `speculators-hybrid run`, so the verifier-norm patches apply) for
+   DFlash and EAGLE-3 with `--on-missing generate` against the same server, on a fixed 16-sample
+   subset, a few hundred steps: every step's loss finite, the last steps' mean well under the
+   first's; no sample dropped (`error_records_sum`), no round-trip retry, every generated file
+   read and deleted by the trainer (none left), every request answered 200;
+4. the same launch with the plugin off (`SPECULATORS_HYBRID_DISABLE=1`, stock vLLM) must fail at
+   server start with the seed's error.
+
+Needs a CUDA GPU, vLLM < 0.22 (our connector) and speculators >= 0.9.0 with hs-connectors
+(`tests/gpu/speculators-deps.txt` says how to stage them on the device). Numbers go to
+`SPECULATORS_HYBRID_GPU_REPORT` (JSON, e.g. tests/gpu/results/...); logs to
+`SPECULATORS_HYBRID_GPU_LOGDIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("vllm")
+speculators = pytest.importorskip("speculators")
+pytest.importorskip("hs_connectors")
+
+import hf_reference as hf  # noqa: E402  (tests/gpu is on sys.path)
+from packaging.version import Version  # noqa: E402
+from test_hidden_states_match import keep_log, write_report  # noqa: E402
+from test_serve import Server, free_port  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+if Version(speculators.__version__).release < (0, 9):
+    pytest.skip("speculators >= 0.9.0 (prepare-data through /render)", allow_module_level=True)
+
+N_LAYERS = 8  # the tiny preset
+IDS = [2, N_LAYERS // 2, N_LAYERS - 3, N_LAYERS]  # speculators' launcher default
+CONVERSATIONS, TRAIN_SAMPLES = 64, 16
+STEPS = int(os.environ.get("SPECULATORS_HYBRID_TRAIN_STEPS", "300"))
+TRAIN_TIMEOUT_S = float(os.environ.get("SPECULATORS_HYBRID_TRAIN_TIMEOUT", "900"))
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SEED_ERROR = "Hybrid KV cache manager is disabled but failed to convert the KV cache specs"
+
+# speculators' trainer with a handler on its own metrics logger (one JSON line per step); the
+# trainer, its data loader and its vLLM client are speculators' code, unchanged.
+TRAIN_WRAPPER = textwrap.dedent(
+    """
+    import json, logging, sys
+
+    class Lines(logging.Handler):
+        def __init__(self, path):
+            super().__init__()
+            self.out = open(path, "a")
+
+        def emit(self, record):
+            if isinstance(record.msg, dict) and "train" in record.msg:
+                row = {"step": record.msg.get("global_step"), **record.msg["train"]}
+                self.out.write(json.dumps(row) + "\\n")
+                self.out.flush()
+
+    from speculators.train.cli import main
+    from speculators.train.config import TrainConfig
+
+    cfg = TrainConfig.resolve(sys.argv[2:])
+    import speculators.train.logger as speculators_logger
+
+    setup = speculators_logger.setup_metric_logger
+
+    def with_lines(*args, **kwargs):
+        setup(*args, **kwargs)
+        logging.getLogger("speculators.metrics").addHandler(Lines(sys.argv[1]))
+
+    speculators_logger.setup_metric_logger = with_lines
+    import speculators.train.cli as cli
+
+    cli.setup_metric_logger = with_lines
+    main(cfg)
+    """
+)
+
+
+def conversations(path: Path) -> Path:
+    """64 short chats in the tiny tokenizer's vocabulary (ASCII letters and spaces)."""
+    rng = random.Random(15)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))) for _ in range(80)]
+    with path.open("w") as f:
+        for _ in range(CONVERSATIONS):
+            user = " ".join(rng.choices(words, k=rng.randint(4, 12)))
+            reply = " ".join(rng.choices(words, k=rng.randint(8, 24)))
+            turns = [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+            f.write(json.dumps({"conversations": turns}) + "\n")
+    return path
+
+
+def model_with_chat_template(root: Path) -> Path:
+    """The tiny checkpoint completed as a real Qwen3.5 one is: a chat template and the image and
+    video processor configs. speculators loads `AutoProcessor` for it (prepare-data, and the
+    trainer's mask-token lookup); for Qwen3.5 that builds a video processor, which needs
+    torchvision (checked on the CPU: without these files or torchvision, both stop there)."""
+    folder = hf.build_tiny_model(root / "model", multimodal=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    vision = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
+    processors = {
+        "preprocessor_config.json": {"image_processor_type": "Qwen2VLImageProcessor"},
+        "video_preprocessor_config.json": {"video_processor_type": "Qwen3VLVideoProcessor"},
+    }
+    for name, kind in processors.items():
+        entry = {**kind, "processor_class": "Qwen3VLProcessor", **vision}
+        (folder / name).write_text(json.dumps(entry, indent=2))
+    return folder
+
+
+def launch_argv(folder: Path, storage: Path, port: int) -> list[str]:
+    argv = [sys.executable, "-m", "speculators_hybrid.cli", "launch"]
+    if launcher := os.environ.get("SPECULATORS_HYBRID_LAUNCHER"):
+        argv += ["--launcher", launcher]
+    argv += [str(folder), "--hidden-states-path", str(storage), "--"]
+    argv += [
+        f"--port={port}",
+        "--max-model-len=4096",
+        "--max-num-seqs=32",
+        "--max-num-batched-tokens=2048",
+        f"--kv-cache-memory-bytes={2 * 1024**3}",
+        "--gpu-memory-utilization=0.3",
+        "--gdn-prefill-backend=triton",
+        "--enforce-eager",
+    ]
+    return argv
+
+
+def speculators_cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "speculators", *args]
+
+
+def run_logged(argv: list[str], log: Path, timeout: float, env: dict | None = None) -> str:
+    with log.open("wb") as out:
+        done = subprocess.run(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+    text = log.read_text(errors="replace")
+    keep_log(log, log.name)
+    assert done.returncode == 0, (
+        f"{' '.join(argv[:6])} ... exited {done.returncode}:\n{text[-5000:]}"
+    )
+    return text
+
+
+def train(
+    kind: str, folder: Path, data: Path, work: Path, url: str, storage: Path
+) -> dict[str, Any]:
+    wrapper = work / "train_with_lines.py"
+    wrapper.write_text(TRAIN_WRAPPER)
+    lines = work / f"{kind}-metrics.jsonl"
+    args = [
+        f"--speculator-type={kind}",
+        f"--verifier-name-or-path={folder}",
+        f"--data-path={data}",
+        f"--save-path={work / kind}",
+        f"--log-dir={work / 'logs'}",
+        "--on-missing=generate",
+        f"--vllm-endpoint={url}/v1",
+        "--target-layer-ids",
+        *(str(i) for i in IDS[:-1]),  # the launcher's ids, without the final layer it appends
+        "--num-layers=1",
+        "--total-seq-len=1024",
+        f"--max-steps={STEPS}",
+        "--epochs=1000",
+        "--lr=1e-3",
+        "--scheduler-type=none",
+        "--train-data-ratio=1.0",
+        "--num-workers=2",
+        "--log-freq=1",
+        "--checkpoint-freq=1000",
+    ]
+    argv = [sys.executable, "-m", "speculators_hybrid.cli", "run", "--", sys.executable]
+    argv += [str(wrapper), str(lines), *args]
+    before = {p.name for p in storage.glob("*.safetensors")}
+    start = time.monotonic()
+    log = run_logged(argv, work / f"train-{kind}.log", TRAIN_TIMEOUT_S)
+    seconds = time.monotonic() - start
+    rows = [json.loads(line) for line in lines.read_text().splitlines()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    dropped = sum(r.get("error_records_sum", 0) for r in rows)
+    left = sorted({p.name for p in storage.glob("*.safetensors")} - before)
+    retries = len(re.findall(r"round trip failed|Retrying|retry", log, flags=re.IGNORECASE))
+    k = max(1, len(losses) // 10)
+    return {
+        "steps": len(rows),
+        "loss_first": sum(losses[:k]) / k if losses else None,
+        "loss_last": sum(losses[-k:]) / k if losses else None,
+        "loss_all_finite": all(x == x and abs(x) != float("inf") for x in losses),
+        "dropped_samples": dropped,
+        "retry_lines": retries,
+        "files_left_unread": len(left),
+        "seconds": round(seconds, 1),
+        "verifier_norm_patched": "patches=verifier-norm" in log,
+    }
+
+
+def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Path) -> None:
+    import vllm
+
+    if Version(vllm.__version__).release >= (0, 22):
+        pytest.skip("our connector is the writer on vLLM < 0.22 only")
+    try:
+        import torchvision  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(
+            f"torchvision does not import ({exc}): speculators' AutoProcessor for Qwen3.5 needs "
+            "it (torchvision==0.26.0 in tests/gpu/speculators-deps.txt)"
+        )
+    folder = model_with_chat_template(tmp_path_factory.mktemp("pipeline_model"))
+    storage, port = tmp_path / "hs", free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = Server(launch_argv(folder, storage, port), tmp_path / "server.log", port)
+    report: dict[str, Any] = {
+        "vllm": vllm.__version__,
+        "speculators": speculators.__version__,
+        "launcher": os.environ.get("SPECULATORS_HYBRID_LAUNCHER", "built-in"),
+        "layer_ids": IDS,
+    }
+    problems: list[str] = []
+    try:
+        server.wait_ready()
+        log = server.text()
+        report["command"] = next(
+            (ln for ln in log.splitlines() if " serve " in ln and "--speculative" in ln), ""
+        )
+        ids = json.dumps(IDS).replace(" ", "")
+        if ids not in report["command"].replace(" ", "").replace('\\"', '"'):
+            problems.append(f"launcher's layer ids are not {IDS}: {report['command']!r}")
+
+        data64 = tmp_path / "data64"
+        source = conversations(tmp_path / "chats.jsonl")
+        run_logged(
+            speculators_cli(
+                "prepare-data",
+                f"--model={folder}",
+                f"--data={source}",
+                f"--output={data64}",
+                "--seq-length=256",
+                f"--render-endpoint={url}",
+                "--num-preprocessing-workers=2",
+            ),
+            tmp_path / "prepare-data.log",
+            600,
+        )
+        import datasets
+
+        prepared = datasets.load_from_disk(str(data64))
+        report["prepared_samples"] = len(prepared)
+        if len(prepared) < CONVERSATIONS:
+            problems.append(f"prepare-data kept {len(prepared)} of {CONVERSATIONS} conversations")
+
+        # Offline: speculators writes hs_<i> from our files; check reads them against the data.
+        start = time.monotonic()
+        run_logged(
+            speculators_cli(
+                "generate-offline-data", f"--endpoint={url}/v1", f"--preprocessed-data={data64}"
+            ),
+            tmp_path / "generate-offline-data.log",
+            600,
+        )
+        offline = sorted((data64 / "hidden_states").glob("hs_*.safetensors"))
+        report["offline"] = {"files": len(offline), "seconds": round(time.monotonic() - start, 1)}
+        if len(offline) != len(prepared):
+            problems.append(f"offline generation wrote {len(offline)} of {len(prepared)} files")
+        checked = subprocess.run(
+            [sys.executable, "-m", "speculators_hybrid.cli", "check"]
+            + [str(data64 / "hidden_states"), "--dataset", str(data64), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        report["check_exit"] = checked.returncode
+        if checked.returncode != 0:
+            problems.append(f"speculators-hybrid check failed:\n{checked.stdout[-3000:]}")
+
+        # Online: a fixed 16-sample subset, hidden states generated per sample by the trainer.
+        data16 = tmp_path / "data16"
+        subset = prepared.select(range(TRAIN_SAMPLES))
+        subset.save_to_disk(str(data16))
+        report["train"] = {}
+        for kind in ("dflash", "eagle3"):
+            work = tmp_path / f"train-{kind}"
+            work.mkdir()
+            row = train(kind, folder, data16, work, url, storage)
+            report["train"][kind] = row
+            if row["steps"] < STEPS or not row["loss_all_finite"]:
+                problems.append(f"{kind}: {row['steps']} steps, finite={row['loss_all_finite']}")
+            if row["loss_first"] is None or not row["loss_last"] < 0.7 * row["loss_first"]:
+                problems.append(f"{kind}: loss {row['loss_first']} -> {row['loss_last']}")
+            for key in ("dropped_samples", "retry_lines", "files_left_unread"):
+                if row[key]:
+                    problems.append(f"{kind}: {key} = {row[key]}")
+        log = server.text()
+        report["requests_200"] = len(re.findall(r'"POST /v1/completions HTTP/1\.1" 200', log))
+        report["requests_not_200"] = len(
+            re.findall(r'"POST /v1/completions HTTP/1\.1" (?!200)\d{3}', log)
+        )
+        if report["requests_not_200"]:
+            problems.append(f"{report['requests_not_200']} completion requests failed")
+    finally:
+        server.stop()
+        keep_log(server.log, "pipeline-server.log")
+
+    # The same launch with the plugin off: stock vLLM 0.20.1 must refuse at start.
+    stock_log = tmp_path / "stock-server.log"
+    port = free_port()
+    env_off = {"SPECULATORS_HYBRID_DISABLE": "1"}
+    with stock_log.open("wb") as out:
+        stock = subprocess.run(
+            launch_argv(folder, tmp_path / "hs-stock", port),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=600,
+            env={**os.environ, **env_off, "VLLM_USE_FLASHINFER_SAMPLER": "0"},
+        )
+    keep_log(stock_log, "pipeline-stock-server.log")
+    stock_text = stock_log.read_text(errors="replace")
+    report["stock"] = {"exit": stock.returncode, "seed_error": SEED_ERROR in stock_text}
+    if stock.returncode == 0 or SEED_ERROR not in stock_text:
+        problems.append(f"stock vLLM did not fail with the seed error:\n{stock_text[-3000:]}")
+
+    report["problems"] = problems
+    write_report("speculators-pipeline", report)
+    trained = report.get("train", {})
+    summary = " ".join(
+        f"{k}: {v['steps']} steps loss {v['loss_first']:.3f}->{v['loss_last']:.3f}"
+        for k, v in trained.items()
+        if v.get("loss_first") is not None
+    )
+    print(
+        f"[pipeline] SUMMARY vllm={vllm.__version__} speculators={speculators.__version__}"
+        f" prepared={report.get('prepared_samples')} offline={report.get('offline')}"
+        f" check={report.get('check_exit')} {summary} requests={report.get('requests_200')}"
+        f" stock_seed_error={report['stock']['seed_error']} problems={len(problems)}"
+    )
+    assert not problems, "\n".join(problems)
