@@ -53,6 +53,7 @@ class Plan:
     block_size: int = 0
     mamba_cache_mode: str = ""
     max_num_batched_tokens: int = 0
+    align_note: str = ""  # align mode refused vLLM's default max_num_batched_tokens on this host
     request_bytes: int = 0
     capacity_tokens: int = 0
 
@@ -142,9 +143,11 @@ def plan_once(name: str, setup: planning.Setup, memory_bytes: int) -> tuple[Plan
     align = align_mode.check_config(config, kv)  # vLLM's own start-up check of the block size
     result.mamba_cache_mode = align.mamba_cache_mode
     result.max_num_batched_tokens = align.max_num_batched_tokens
-    if not align.ok:
+    if not align.ok and setup.max_num_batched_tokens is not None:
         result.error = align.message()
         return result, config, specs
+    if not align.ok:  # the default here (CPU platform) is not a GPU's (2048, or 8192 at 70 GiB+)
+        result.align_note = align.message()
     result.ok = True
     result.groups = _groups(kv)
     result.request_bytes = planning.max_request_bytes(config, kv)
@@ -188,6 +191,11 @@ def warnings_for(setup: planning.Setup, plans: dict[str, Plan]) -> list[str]:
     shim = plans["shim"]
     if setup.prefix_caching and shim.ok and not shim.prefix_caching:
         out.append("prefix caching was asked for and is turned off for hybrid extraction here.")
+    if shim.align_note:
+        out.append(
+            f"at vLLM's default max_num_batched_tokens on this host: {shim.align_note}; on a GPU "
+            "the default is 2048 (8192 from 70 GiB): pass --max-num-batched-tokens to check yours."
+        )
     if setup.tp > 1:
         out.append(
             f"TP {setup.tp}: pages shrink with the KV heads and state per rank; hidden states "
