@@ -1,0 +1,73 @@
+"""GPU proof for issue 19: hidden states vLLM extracts from tiny random Granite 4.0-H
+(`granitemoehybrid`) and Nemotron-H (`nemotron_h`) checkpoints match transformers.
+
+Each family's checkpoint is built with the device's transformers from the config the CPU tests
+use (tests/cpu/test_eagle3_families.py, vocabulary widened for the prompts), then run through
+test_hidden_states_match.check_case: vLLM's offline `LLM` with speculators' extraction settings
+in a fresh process, every file checked against the contract and verified per token and layer id
+against a float32 transformers forward within verify's calibrated margin. Ids (0, 1, 3, 4) cover
+the embeddings, the first layer, an attention layer's output and n. The EAGLE-3 states come from
+granitemoehybrid-eagle3 (vLLM >= 0.22) and nemotron_h-eagle3 (vLLM < 0.22; vLLM's own class from
+0.22). Skipped without a GPU, and where families.py says the installed vLLM refuses the family.
+Run: `pytest tests/gpu/test_hybrid_families.py -s` on vLLM 0.20.1 and 0.25.0 (and a release
+>= 0.29 for Granite: vLLM 0.22-0.28's GraniteMoeHybridModel cannot read the layer type names
+transformers >= 5.13 writes, `mamba` / `attention` became `linear_attention` / `full_attention`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("vllm")
+
+import hf_reference as hf  # noqa: E402  (tests/gpu is on sys.path, as for the other GPU tests)
+from test_hidden_states_match import check_case, prompt_batches  # noqa: E402
+
+from speculators_hybrid import families  # noqa: E402
+from speculators_hybrid.versions import installed  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+IDS = [0, 1, 3, 4]
+
+
+def _config(family: str) -> dict:
+    # the CPU tests' tiny configs; importing that module needs the CPU conftest, so read it
+    import ast
+
+    source = (Path(__file__).resolve().parents[1] / "cpu" / "test_eagle3_families.py").read_text()
+    name = {"granitemoehybrid": "GRANITE", "nemotron_h": "NEMOTRON_H"}[family]
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
+            config = ast.literal_eval(node.value)
+            return {**config, "vocab_size": 1024, "torch_dtype": "bfloat16"}
+    raise LookupError(name)
+
+
+def build(folder: Path, family: str) -> Path:
+    import transformers
+
+    from speculators_hybrid.models import save_random_model
+
+    body = _config(family)
+    arch = body["architectures"][0]
+    config = transformers.AutoConfig.for_model(
+        body["model_type"], **{k: v for k, v in body.items() if k != "model_type"}
+    )
+    folder = save_random_model(folder, getattr(transformers, arch), config, seed=0)
+    hf.write_tokenizer(folder, config.vocab_size)
+    return folder
+
+
+@pytest.mark.parametrize("family", ["granitemoehybrid", "nemotron_h"])
+def test_family_hidden_states_match_transformers(tmp_path_factory, tmp_path, family):
+    why = families.refusal(family, installed("vllm"))
+    if why:
+        pytest.skip(why)
+    folder = build(tmp_path_factory.mktemp(family) / "model", family)
+    check_case(f"{family}-prefix-off", folder, tmp_path, False, False, prompt_batches()[:1], IDS)
