@@ -156,6 +156,7 @@ def _built(tmp_path, family: str, on: bool):
     return model
 
 
+@pytest.mark.shim_only  # switches the shim off to see vLLM's own class
 @pytest.mark.parametrize("family", CASES)
 def test_the_class_reports_eagle3_as_vllm_checks_it(shim, family):
     from vllm.model_executor.models import ModelRegistry
