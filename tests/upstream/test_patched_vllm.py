@@ -43,6 +43,8 @@ MUST_PASS = {
     "test_engine_config_resolves_the_text_only_class": "<0.27",
     "test_model_loads_a_transformers_checkpoint": "<0.27",
     "test_hybrid_extraction_runs_on_v1_and_vllm_says_why": ">=0.29",
+    "test_extraction_config_is_accepted": "",  # nemotron_h-eagle3 < 0.22, granitemoehybrid after
+    "test_forward_returns_aux_states_at_the_ids": ">=0.29",  # 0.22-0.28 cannot build Granite
 }
 
 
