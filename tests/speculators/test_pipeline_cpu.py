@@ -357,7 +357,7 @@ def call_kwargs(model, algorithm: str) -> dict:
 
 # Passes over the 16 samples (4 batches each): EAGLE-3's two TTT steps cost ~7x DFlash's step
 # on the CPU, and its loss falls faster; SPECULATORS_HYBRID_CPU_STEPS overrides both.
-STEPS = {"eagle3": 24, "dflash": 60}
+STEPS = {"eagle3": 24, "dflash": 40}
 TRAINS = VERSION >= Version("0.9.0")  # draft_attn_impl / loss_implementation for CPUs
 
 
