@@ -265,7 +265,9 @@ def family_table() -> str:
         f"{REFUSED} refused by `launch` and `doctor` (the model class has no EAGLE-3 hidden "
         "states there; the last column names the first release that has them). Other (dense) "
         "models: vLLM's own path. Checked against each release's classes by "
-        "`tests/cpu/test_families.py`.",
+        "`tests/cpu/test_families.py`. Extraction matched HuggingFace on a GPU for Qwen3.5 "
+        f"only (vLLM {', '.join(support.GPU_PROVEN)}); the other ● are proven on the CPU "
+        "(planning, EAGLE-3 wiring), not yet on a GPU.",
         "",
         "| model_type | vLLM class | "
         + " | ".join(r.removeprefix("0.") for r in releases)
