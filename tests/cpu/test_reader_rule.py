@@ -18,35 +18,16 @@ import time
 
 import pytest
 import torch
-from conftest import engine_config, needs
+from conftest import needs
 from safetensors.torch import load_file
+from test_connector_worker import async_connector  # a worker-side connector on a CPU cache
 
-from speculators_hybrid import planning
 from speculators_hybrid.vllm_patches import provenance_meta, writer
-from speculators_hybrid.vllm_patches.connector import (
-    HiddenStatesMetadata,
-    HybridHiddenStatesConnector,
-    SaveRequest,
-    slots_for,
-)
+from speculators_hybrid.vllm_patches.connector import HiddenStatesMetadata, SaveRequest, slots_for
 
 pytestmark = needs("keep-hma-for-extraction", "files-whole-when-generate-returns")
 
 PROMPT = list(range(100, 130))
-
-
-def connector(tmp_path, **extra):
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-
-    config = engine_config(preset="tiny", ids=(2, 5, 8), prefix_caching=True, max_model_len=4096)
-    config.kv_transfer_config.kv_connector_extra_config.update(
-        shared_storage_path=str(tmp_path), **extra
-    )
-    name, _layer = planning.hidden_state_layer(config)
-    made = HybridHiddenStatesConnector(config, KVConnectorRole.WORKER)
-    cache = torch.randn(8, 16, 3, 256).to(torch.bfloat16)
-    made.register_kv_caches({name: cache})
-    return made, name, cache
 
 
 def step(made, name, cache, path) -> None:
@@ -115,7 +96,7 @@ def speculators_reader(path: str, got: dict) -> threading.Thread:
 
 def test_off_the_step_a_reader_that_waits_gets_the_whole_file(shim, tmp_path, slow_disk):
     release, renamed = slow_disk
-    made, name, cache = connector(tmp_path)
+    made, name, cache = async_connector(tmp_path)
     assert made._writer is not None  # the default
     path = str(tmp_path / "r.safetensors")
     stop, sizes, got = threading.Event(), [], {}
@@ -139,7 +120,7 @@ def test_off_the_step_a_reader_that_waits_gets_the_whole_file(shim, tmp_path, sl
 
 def test_in_the_step_the_file_is_whole_when_the_step_returns(shim, tmp_path, monkeypatch):
     monkeypatch.setenv(writer.ASYNC_ENV, "0")  # what `launch` sets for speculators 0.5.0
-    made, name, cache = connector(tmp_path)
+    made, name, cache = async_connector(tmp_path)
     assert made._writer is None
     path = str(tmp_path / "r.safetensors")
     step(made, name, cache, path)
