@@ -122,6 +122,7 @@ def plan_once(name: str, setup: planning.Setup, memory_bytes: int) -> tuple[Plan
     PATCHER.revert()
     if name == "shim":
         PATCHER.apply(vllm_patches())
+    planning.forget_model_classes()  # the model class as the patches make it (or not)
     result = Plan(name=name)
     config = specs = None
     try:

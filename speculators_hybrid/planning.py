@@ -46,6 +46,17 @@ def extraction_args(
     }
 
 
+def forget_model_classes() -> None:
+    """Drop vLLM's cached model classes (its registry keeps each architecture's class in an
+    lru_cache), so a plan made after turning the patches on or off sees the classes as they
+    are now; a real engine loads them once, after the plugin."""
+    from vllm.model_executor.models import registry
+
+    cached = getattr(registry, "_try_load_model_cls", None)
+    if hasattr(cached, "cache_clear"):  # not the inspection cache: that one runs a subprocess
+        cached.cache_clear()
+
+
 def engine_config(setup: Setup) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 

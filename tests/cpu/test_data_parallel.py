@@ -13,7 +13,7 @@ import copy
 from types import SimpleNamespace
 
 import pytest
-from conftest import IDS, MEMORY, model_dir
+from conftest import IDS, MEMORY, NO_CHUNKED_PREFILL, model_dir
 
 from speculators_hybrid import planning
 from speculators_hybrid.vllm_patches.file_names import hidden_states_path
@@ -28,6 +28,7 @@ def dp_config(dp: int):
         max_model_len=8192,
         language_model_only=True,
         data_parallel_size=dp,
+        enable_chunked_prefill=False if NO_CHUNKED_PREFILL else None,  # 0.22-0.23 refuse it
         **planning.extraction_args(IDS),
     )
     return args.create_engine_config()
