@@ -37,6 +37,7 @@ def _caching(monkeypatch, opt_in: str | None) -> tuple[bool, str]:
     return bool(cache.enable_prefix_caching), str(cache.mamba_cache_mode)
 
 
+@pytest.mark.shim_only  # the opt-in is the plugin's; the diffs in patches/ have none
 def test_prefix_caching_is_off_unless_opted_in_where_it_can_run(shim, monkeypatch):
     assert _caching(monkeypatch, None) == (False, "none")
     assert _caching(monkeypatch, "0") == (False, "none")
