@@ -24,6 +24,7 @@ class Setup:
     language_model_only: bool = True
     chunked_prefill: bool | None = None  # None: vLLM's default
     max_num_batched_tokens: int | None = None  # None: vLLM's default
+    data_parallel_size: int = 1  # engine cores behind one front end (each plans alone)
 
 
 def extraction_args(
@@ -69,6 +70,7 @@ def engine_config(setup: Setup) -> Any:
         language_model_only=setup.language_model_only,
         enable_chunked_prefill=setup.chunked_prefill,
         max_num_batched_tokens=setup.max_num_batched_tokens,
+        data_parallel_size=setup.data_parallel_size,
         **extra,
     )
     config = args.create_engine_config()

@@ -20,18 +20,16 @@ from speculators_hybrid.vllm_patches.file_names import hidden_states_path
 
 
 def dp_config(dp: int):
-    from vllm.engine.arg_utils import EngineArgs
-
-    args = EngineArgs(
-        model=model_dir("qwen3.6-27b-like"),
-        skip_tokenizer_init=True,
-        max_model_len=8192,
-        language_model_only=True,
-        data_parallel_size=dp,
-        enable_chunked_prefill=False if NO_CHUNKED_PREFILL else None,  # 0.22-0.23 refuse it
-        **planning.extraction_args(IDS),
+    return planning.engine_config(
+        planning.Setup(
+            model=model_dir("qwen3.6-27b-like"),
+            layer_ids=IDS,
+            max_model_len=8192,
+            data_parallel_size=dp,
+            chunked_prefill=False if NO_CHUNKED_PREFILL else None,  # 0.22-0.23 refuse it
+            max_num_batched_tokens=8192 if NO_CHUNKED_PREFILL else None,
+        )
     )
-    return args.create_engine_config()
 
 
 def groups(config) -> list[tuple[list[str], object]]:
