@@ -53,9 +53,9 @@ def forget_model_classes() -> None:
     are now; a real engine loads them once, after the plugin."""
     from vllm.model_executor.models import registry
 
-    cached = getattr(registry, "_try_load_model_cls", None)
-    if hasattr(cached, "cache_clear"):  # not the inspection cache: that one runs a subprocess
-        cached.cache_clear()
+    clear = getattr(getattr(registry, "_try_load_model_cls", None), "cache_clear", None)
+    if clear is not None:  # not the inspection cache: refilling it runs a subprocess
+        clear()
 
 
 def engine_config(setup: Setup) -> Any:
