@@ -72,7 +72,7 @@ def read_slots(kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """
     if kv_cache.is_cuda and not slots.is_cuda:
         slots = slots.pin_memory().to(kv_cache.device, non_blocking=True)
-    return kv_cache[block_index(kv_cache, slots.to(kv_cache.device))]
+    return kv_cache[block_index(kv_cache, slots)]
 
 
 def write_file(
