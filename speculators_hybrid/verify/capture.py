@@ -89,8 +89,14 @@ def num_layers(model: torch.nn.Module) -> int:
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """What a forward runs, block by block: embeddings, decoder layers, final norm."""
     stack = decoder_stack(model)
-    parts = [getattr(stack, "embed_tokens", None), *stack.layers, getattr(stack, "norm", None)]
-    return [p for p in parts if isinstance(p, torch.nn.Module)]
+    embeddings = _first(stack, "embed_tokens", "embeddings")  # Nemotron-H: embeddings, norm_f
+    parts = [embeddings, *stack.layers, _first(stack, "norm", "norm_f")]
+    return [p for p in parts if p is not None]
+
+
+def _first(module: torch.nn.Module, *names: str) -> torch.nn.Module | None:
+    found = (getattr(module, name, None) for name in names)
+    return next((m for m in found if isinstance(m, torch.nn.Module)), None)
 
 
 @contextmanager
