@@ -8,6 +8,11 @@ Start the server through `speculators-hybrid launch` (storage folder DIR), then:
     python tests/gpu/reliability_client.py kill --url ... --dir DIR --pid PID   # then restart
     python tests/gpu/reliability_client.py swept --dir DIR                      # after restart
 
+PID is the server's process group (the launched process when started in a session of its own,
+as tests/gpu/test_reliability_serve.py does): `load` sums the memory of every process in it (API
+server and engine core), `kill` sends SIGKILL to all of them at once, as a crash of the host
+process would.
+
 Each prints one JSON line of findings and exits non-zero on a broken guarantee. Files are read
 as speculators' reader does: wait on `<path>.lock`, read, remove the lock. Only the standard
 library and safetensors (numpy) are needed on the client side.
@@ -132,7 +137,8 @@ def check_bad(args: argparse.Namespace) -> dict:
             found[name] = {"status": 200, "paths": paths}
             continue
         status, answer = post(args.url, body)
-        paths = [hidden_path(c) for c in answer.get("choices", [])] or [hidden_path(answer)]
+        per_choice = [hidden_path(c) for c in answer.get("choices", [])]
+        paths = [p for p in per_choice if p] or [hidden_path(answer)]
         tokens = [read(p) for p in paths if p]
         found[name] = {
             "status": status,
@@ -157,18 +163,27 @@ def _paths_in(text: str) -> list[str]:
     return out
 
 
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+def rss_mb(group: int) -> float:
+    """Resident memory of every process in process group `group` (MiB)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) != group:
+                continue
+            with open(f"/proc/{entry}/status") as f:
+                total += next((int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:")), 0)
+        except (OSError, ProcessLookupError):
+            continue  # gone meanwhile
+    return total / 1024
 
 
 def check_load(args: argparse.Namespace) -> dict:
     rng = random.Random(20)
     prompts = [
-        [rng.randint(1, 30000) for _ in range(rng.randint(1, 4000))] for _ in range(args.requests)
+        [rng.randint(1, args.vocab - 1) for _ in range(rng.randint(1, 4000))]
+        for _ in range(args.requests)
     ]
     memory = [rss_mb(args.pid)] if args.pid else []
     start = time.monotonic()
@@ -197,14 +212,15 @@ def check_load(args: argparse.Namespace) -> dict:
 
 
 def check_kill(args: argparse.Namespace) -> dict:
-    """Long prompts in flight, then SIGKILL the server: no file under a final name is partial."""
+    """A stream of long prompts in flight, then SIGKILL to the server's whole process group: no
+    file under a final name is partial."""
     from safetensors import safe_open
 
-    bodies = [completion([7] * 4000) for _ in range(32)]
-    with ThreadPoolExecutor(32) as pool:
+    bodies = [completion([7 + i % 50] * 4000) for i in range(args.requests)]
+    with ThreadPoolExecutor(args.concurrency) as pool:
         futures = [pool.submit(post, args.url, b) for b in bodies]
         time.sleep(args.after)
-        os.kill(args.pid, signal.SIGKILL)
+        os.killpg(args.pid, signal.SIGKILL)
         for f in futures:
             try:
                 f.result()
@@ -237,10 +253,11 @@ def main() -> int:
     parser.add_argument("--dir", required=True, help="the server's shared_storage_path")
     parser.add_argument("--model", default=MODEL, help="the served model name")
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--vocab", type=int, default=1000, help="load: ids below this")
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=256)
-    parser.add_argument("--pid", type=int, default=0, help="the server's pid (memory, kill)")
-    parser.add_argument("--after", type=float, default=5.0, help="kill: seconds under load")
+    parser.add_argument("--pid", type=int, default=0, help="the server's process group")
+    parser.add_argument("--after", type=float, default=3.0, help="kill: seconds under load")
     args = parser.parse_args()
     MODEL = args.model
     found = {
