@@ -68,6 +68,12 @@ def engine_kwargs(spec: dict[str, Any], fields: set[str]) -> dict[str, Any]:
     if spec["mode"] == "extract-nofiles":  # benchmarks/nofiles.py (imports vLLM and torch)
         transfer = kwargs["kv_transfer_config"]
         transfer.update(kv_connector="NoFilesConnector", kv_connector_module_path=NOFILES_MODULE)
+    if spec.get("profile_dir") and "profiler_config" in fields:  # --profile: one pass after
+        kwargs["profiler_config"] = dict(
+            profiler="torch",
+            torch_profiler_dir=spec["profile_dir"],
+            torch_profiler_with_stack=False,
+        )
     if spec["multimodal"]:
         kwargs["language_model_only"] = True
     if spec["hybrid"] and "gdn_prefill_backend" in fields:
@@ -227,6 +233,19 @@ def median_of(rows: list[dict[str, Any]], value: Any) -> float | None:
     return statistics.median(values) if values and None not in values else None
 
 
+def profile_pass(llm: Any, spec: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any] | None:
+    """With --profile: one more pass under vLLM's torch profiler (the engine core writes its
+    kernel table, by self CUDA time, to `profile_dir`/profiler_out_0.txt); not in the rates."""
+    if not spec.get("profile_dir"):
+        return None
+    llm.start_profile()
+    row = one_pass(llm, spec, prompts)
+    llm.stop_profile()
+    clear(spec["storage"])
+    row.pop("paths", None)
+    return row
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     import dataclasses
 
@@ -261,6 +280,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         clear(spec["storage"])
         rows.append(row)
         print(f"bench-engine: pass {r} {row}", flush=True)
+    profiled = profile_pass(llm, spec, make_prompts(lengths, spec["vocab"], 99, shared))
     tokens = sum(r["tokens"] for r in rows)
     file_bytes = sum(r.get("file_bytes", 0) for r in rows)
     return {
@@ -283,6 +303,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "engine_cpu_ms_per_step_est": median_of(
             rows, lambda r: 1e3 * r["cpu_s"]["engine"] / r["steps_est"]
         ),
+        "profiled_pass": profiled,
         "file_problems": problems[:10],
         "file_problem_count": len(problems),
     }

@@ -34,6 +34,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -333,6 +334,8 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
     storage, runs = args.work / "hidden_states" / name, args.work / "runs"
     storage.mkdir(parents=True, exist_ok=True)
     runs.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        (args.work / "profiles" / name).mkdir(parents=True, exist_ok=True)
     spec = dict(
         name=name,
         mode=mode,
@@ -356,6 +359,7 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         file_timeout_s=args.file_timeout,
+        profile_dir=str(args.work / "profiles" / name) if args.profile else None,
     )
     t = time.perf_counter()
     data = run_engine(spec, runs, args.plugin, args.engine_timeout)
@@ -383,6 +387,9 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
         ASYNC_WRITES: engine_env(args.plugin, mode).get(ASYNC_WRITES),  # as the engine had it
         "wall_s": time.perf_counter() - t,
     }
+    table = Path(spec["profile_dir"] or "-") / "profiler_out_0.txt"
+    if table.exists():
+        shutil.copyfile(table, args.out / f"{name}.profile.txt")
     if run.get("kv_cache_tokens"):
         run["kv_bytes_per_token"] = spec["kv_cache_bytes"] / run["kv_cache_tokens"]
     (args.out / f"{name}.json").write_text(json.dumps(run, indent=1) + "\n")
@@ -564,6 +571,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--engine-timeout", type=float, help=f"seconds per engine; {per_size}")
     ap.add_argument("--file-timeout", type=float, help=f"seconds to wait for files; {per_size}")
     ap.add_argument("--build-device", default="cuda", help="where to init the random weights")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="one more pass per engine under vLLM's torch profiler; its kernel table is copied "
+        "to --out as <run>.profile.txt",
+    )
     ap.add_argument("--table-only", action="store_true", help="print the table of --out")
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # internal: one engine, from a spec
     ap.add_argument("--build", nargs="+", help=argparse.SUPPRESS)  # internal: SIZE WORK DEVICE..
