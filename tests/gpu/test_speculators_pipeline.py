@@ -10,8 +10,9 @@ speculators' default layer ids. Then speculators' own commands, as a user runs t
    `speculators-hybrid check DIR --dataset DATA` must pass on what it wrote;
 3. `speculators train` (through `speculators-hybrid run`, so the verifier-norm patches apply) for
    DFlash and EAGLE-3 with `--on-missing generate` against the same server, on a fixed 16-sample
-   subset, a few hundred steps: every step's loss finite, the last steps' mean well under the
-   first's; no sample dropped (`error_records_sum`), no round-trip retry, every generated file
+   subset (4 more rows for speculators' validation split), a few hundred steps (`--epochs`
+   sized so the run ends at `--max-steps`): every step's loss finite, the last steps' mean well
+   under the first's; no sample dropped (`error_records`), no round-trip retry, every generated file
    read and deleted by the trainer (none left), every request answered 200;
 4. the same launch with the plugin off (`SPECULATORS_HYBRID_DISABLE=1`, stock vLLM) must fail at
    server start with the seed's error.
@@ -56,8 +57,16 @@ if Version(speculators.__version__).release < (0, 9):
 
 N_LAYERS = 8  # the tiny preset
 IDS = [2, N_LAYERS // 2, N_LAYERS - 3, N_LAYERS]  # speculators' launcher default
-CONVERSATIONS, TRAIN_SAMPLES = 64, 16
-STEPS = int(os.environ.get("SPECULATORS_HYBRID_TRAIN_STEPS", "300"))
+CONVERSATIONS, TRAIN_SAMPLES, VAL_SAMPLES = 64, 16, 4
+# speculators 0.9.0 wants 0 < --train-data-ratio < 1 (1.0 raises: no validation split), so the
+# subset is TRAIN_SAMPLES + VAL_SAMPLES rows split by this ratio (int(20 * 0.8) == 16).
+TRAIN_RATIO = TRAIN_SAMPLES / (TRAIN_SAMPLES + VAL_SAMPLES)
+# Batches of at most one prepared sample's length (prepare-data's --seq-length): about 8
+# batches per epoch of 16 short chats, so few epochs (each one restarts the loader workers
+# and runs a validation pass) reach STEPS.
+SEQ_LENGTH, SEED = 256, 42
+TOTAL_SEQ_LEN = SEQ_LENGTH
+STEPS = int(os.environ.get("SPECULATORS_HYBRID_TRAIN_STEPS", "200"))
 TRAIN_TIMEOUT_S = float(os.environ.get("SPECULATORS_HYBRID_TRAIN_TIMEOUT", "900"))
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -176,8 +185,26 @@ def run_logged(argv: list[str], log: Path, timeout: float, env: dict | None = No
     return text
 
 
+def epochs_for(lengths: list[int], steps: int) -> int:
+    """The fewest epochs whose packed batches reach `steps`, by speculators' own sampler (the
+    trainer's: one replica, --seed, --total-seq-len). speculators 0.9.0's `--max-steps` only
+    ends the current epoch: every later epoch still runs one step and a validation pass, so
+    `--epochs` must stop right after the epoch that reaches `steps`."""
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+
+    sampler = MultipackDistributedBatchSamplerV2(
+        batch_max_length=TOTAL_SEQ_LEN, lengths=lengths, num_replicas=1, rank=0, seed=SEED
+    )
+    epochs = total = 0
+    while total < steps:
+        sampler.set_epoch(epochs)
+        total += len(sampler)
+        epochs += 1
+    return epochs
+
+
 def train(
-    kind: str, folder: Path, data: Path, work: Path, url: str, storage: Path
+    kind: str, folder: Path, data: Path, work: Path, url: str, storage: Path, epochs: int
 ) -> dict[str, Any]:
     wrapper = work / "train_with_lines.py"
     wrapper.write_text(TRAIN_WRAPPER)
@@ -193,12 +220,13 @@ def train(
         "--target-layer-ids",
         *(str(i) for i in IDS[:-1]),  # the launcher's ids, without the final layer it appends
         "--num-layers=1",
-        "--total-seq-len=1024",
+        f"--total-seq-len={TOTAL_SEQ_LEN}",
+        f"--seed={SEED}",
         f"--max-steps={STEPS}",
-        "--epochs=1000",
+        f"--epochs={epochs}",
         "--lr=1e-3",
         "--scheduler-type=none",
-        "--train-data-ratio=1.0",
+        f"--train-data-ratio={TRAIN_RATIO}",
         "--num-workers=2",
         "--log-freq=1",
         "--checkpoint-freq=1000",
@@ -211,7 +239,8 @@ def train(
     seconds = time.monotonic() - start
     rows = [json.loads(line) for line in lines.read_text().splitlines()]
     losses = [r["loss"] for r in rows if "loss" in r]
-    dropped = sum(r.get("error_records_sum", 0) for r in rows)
+    # speculators folds error_records_sum / error_records_total into "error_records" (per step)
+    dropped = sum(r.get("error_records", 0) for r in rows)
     left = sorted({p.name for p in storage.glob("*.safetensors")} - before)
     retries = len(re.findall(r"round trip failed|Retrying|retry", log, flags=re.IGNORECASE))
     k = max(1, len(losses) // 10)
@@ -269,7 +298,7 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
                 f"--model={folder}",
                 f"--data={source}",
                 f"--output={data64}",
-                "--seq-length=256",
+                f"--seq-length={SEQ_LENGTH}",
                 f"--render-endpoint={url}",
                 "--num-preprocessing-workers=2",
             ),
@@ -307,15 +336,19 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
         if checked.returncode != 0:
             problems.append(f"speculators-hybrid check failed:\n{checked.stdout[-3000:]}")
 
-        # Online: a fixed 16-sample subset, hidden states generated per sample by the trainer.
+        # Online: a fixed 16-sample subset (+4 for validation), hidden states generated per
+        # sample by the trainer.
         data16 = tmp_path / "data16"
-        subset = prepared.select(range(TRAIN_SAMPLES))
+        subset = prepared.select(range(TRAIN_SAMPLES + VAL_SAMPLES))
         subset.save_to_disk(str(data16))
+        lengths = list(subset.with_format(None)["seq_len"])[: int(len(subset) * TRAIN_RATIO)]
+        epochs = epochs_for(lengths, STEPS)
+        report["train_epochs"] = epochs
         report["train"] = {}
         for kind in ("dflash", "eagle3"):
             work = tmp_path / f"train-{kind}"
             work.mkdir()
-            row = train(kind, folder, data16, work, url, storage)
+            row = train(kind, folder, data16, work, url, storage, epochs)
             report["train"][kind] = row
             if row["steps"] < STEPS or not row["loss_all_finite"]:
                 problems.append(f"{kind}: {row['steps']} steps, finite={row['loss_all_finite']}")
