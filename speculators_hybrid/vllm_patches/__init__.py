@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from speculators_hybrid.registry import Patch
 from speculators_hybrid.vllm_patches import (
+    eagle3_falcon_h1,
     eagle3_granite,
     eagle3_nemotron_h,
     engine_block,
@@ -41,6 +42,7 @@ PATCHES: tuple[Patch, ...] = (
     layer_zero.PATCH,
     runner_v1.PATCH,
     eagle3_granite.PATCH,
+    eagle3_falcon_h1.PATCH,
     eagle3_nemotron_h.PATCH,
     text_only.PATCH,  # registers architectures (model_registration), wraps nothing
     own_page.PATCH,  # after the patches it wraps on top of (get_kv_cache_groups); keep last

@@ -1,13 +1,14 @@
-"""granitemoehybrid-eagle3, nemotron_h-eagle3: vLLM's real classes get EAGLE-3 auxiliary hidden
-states (SupportsEagle3, as vLLM's model runner and check-extraction-input ask), and the decoder
-stack's forward returns them at the ids Qwen3.5 uses (0 = embeddings, i = residual stream after
-layer i-1, n = last, pre-norm).
+"""granitemoehybrid-eagle3, nemotron_h-eagle3, falcon_h1-eagle3: vLLM's real classes get
+EAGLE-3 auxiliary hidden states (SupportsEagle3, as vLLM's model runner and check-extraction-input
+ask), and the decoder stack's forward returns them at the ids Qwen3.5 uses (0 = embeddings,
+i = residual stream after layer i-1, n = last, pre-norm).
 
 The forward runs vLLM's real decoder-stack class, built on the CPU from a tiny config, with its
 own embeddings and final norm; its Mamba-2 / attention layers need GPU kernels and a forward
 context, so each decoder layer is swapped for a small module with the same contract (what it
 returns as hidden states and residual) and the expected ids are computed from those modules.
-The numerical match with transformers runs on the GPU (tests/gpu/test_hybrid_families.py).
+The numerical match with transformers runs on the GPU (tests/gpu/test_hybrid_families.py, for
+Granite 4.0-H and Nemotron-H so far).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from conftest import needs, set_shim
 from test_layer_zero import distributed, kernel_names  # noqa: F401, F811  (fixtures)
 
-from speculators_hybrid.vllm_patches import eagle3_granite, eagle3_nemotron_h
+from speculators_hybrid.vllm_patches import eagle3_falcon_h1, eagle3_granite, eagle3_nemotron_h
 
 GRANITE = {
     "architectures": ["GraniteMoeHybridForCausalLM"],
@@ -73,10 +74,39 @@ NEMOTRON_H = {
     "max_position_embeddings": 1024,
     "torch_dtype": "float32",
 }
+FALCON_H1 = {
+    "architectures": ["FalconH1ForCausalLM"],
+    "model_type": "falcon_h1",
+    "num_hidden_layers": 4,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "mamba_d_ssm": 128,
+    "mamba_n_heads": 8,
+    "mamba_d_head": 16,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 64,
+    "embedding_multiplier": 5.0,
+    "vocab_size": 128,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
 FAMILIES = {
     "granitemoehybrid": (eagle3_granite, GRANITE, "GraniteMoeHybridForCausalLM"),
     "nemotron_h": (eagle3_nemotron_h, NEMOTRON_H, "NemotronHForCausalLM"),
+    "falcon_h1": (eagle3_falcon_h1, FALCON_H1, "FalconH1ForCausalLM"),
 }
+# What a family's decoder layer takes and returns (StandIn): "stream" returns the residual
+# stream as its hidden states (and an internal residual), "separate" keeps a separate residual
+# (fused add-RMSNorm: the stream is hidden + residual), "alone" takes and returns the stream
+# only (no residual argument).
+STYLE = {"granitemoehybrid": "stream", "nemotron_h": "separate", "falcon_h1": "alone"}
 IDS = (0, 1, 3, 4)
 
 
@@ -110,27 +140,34 @@ def _dir(tmp_path, family: str) -> str:
 
 
 class StandIn(torch.nn.Module):
-    """A decoder layer's contract without its kernels: Granite's layers return the residual
-    stream as hidden states (the residual they return is internal); Nemotron-H's keep a
-    separate residual, the stream being hidden + residual."""
+    """A decoder layer's contract without its kernels (STYLE): Granite's layers return the
+    residual stream as hidden states (the residual they return is internal); Nemotron-H's keep a
+    separate residual, the stream being hidden + residual; Falcon-H1's take and return the
+    stream alone."""
 
-    def __init__(self, index: int, hidden: int, separate_residual: bool):
+    def __init__(self, index: int, hidden: int, style: str):
         super().__init__()
         gen = torch.Generator().manual_seed(index)
         self.weight = torch.randn(hidden, hidden, generator=gen) / hidden**0.5
-        self.separate = separate_residual
+        self.style = style
 
-    def forward(self, positions, hidden_states, residual):
-        if self.separate:  # vLLM's fused add-RMSNorm convention
+    def forward(self, positions, hidden_states, residual=None):
+        if self.style == "separate":  # vLLM's fused add-RMSNorm convention
             stream = hidden_states if residual is None else hidden_states + residual
             residual = stream
             return torch.tanh(stream @ self.weight), residual
         out = hidden_states + torch.tanh(hidden_states @ self.weight)
+        if self.style == "alone":
+            assert residual is None
+            return out
         return out, hidden_states
 
     def stream(self, x, residual):
+        if self.style == "alone":
+            out = self(None, x)
+            return out, None, out
         hidden, residual = self(None, x, residual)
-        return hidden, residual, (hidden if not self.separate else hidden + residual)
+        return hidden, residual, (hidden + residual if self.style == "separate" else hidden)
 
 
 def _built(tmp_path, family: str, on: bool):
@@ -207,8 +244,7 @@ def test_forward_returns_aux_states_at_the_ids(distributed, tmp_path, family):  
     model.set_aux_hidden_state_layers(IDS)  # as vLLM's model runner calls it
     stack = model.model
     hidden = stack.config.hidden_size
-    separate = family == "nemotron_h"
-    layers = [StandIn(i, hidden, separate) for i in range(len(stack.layers))]
+    layers = [StandIn(i, hidden, STYLE[family]) for i in range(len(stack.layers))]
     stack.layers = torch.nn.ModuleList(layers)
     for weight in stack.parameters():  # built with torch.empty: give them values
         torch.nn.init.normal_(weight)
@@ -233,8 +269,7 @@ def test_without_aux_layers_forward_returns_the_tensor_alone(distributed, tmp_pa
     model = _built(tmp_path, family, on=True)
     stack = model.model
     stack.layers = torch.nn.ModuleList(
-        StandIn(i, stack.config.hidden_size, family == "nemotron_h")
-        for i in range(len(stack.layers))
+        StandIn(i, stack.config.hidden_size, STYLE[family]) for i in range(len(stack.layers))
     )
     with torch.no_grad():
         out = stack.forward(torch.tensor([1, 2, 3]), torch.arange(3))

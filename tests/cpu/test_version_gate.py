@@ -31,6 +31,7 @@ FROM_022 = {
     "hidden-states-safe-file-names",
     OWN_PAGE,
     "granitemoehybrid-eagle3",  # 0.20/0.21 refuse the model type by name
+    "falcon_h1-eagle3",  # likewise
 }
 
 # vLLM release -> the patches it needs (the table README.md shows).

@@ -48,10 +48,10 @@ def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "malformed": "{bad",
         "empty-object": "{}",
         "list": "[1, 2]",
-        "falcon": json.dumps(  # no vLLM release has its EAGLE-3 hidden states
+        "bamba": json.dumps(  # no vLLM release has its EAGLE-3 hidden states
             {
-                "architectures": ["FalconH1ForCausalLM"],
-                "model_type": "falcon_h1",
+                "architectures": ["BambaForCausalLM"],
+                "model_type": "bamba",
                 "num_hidden_layers": 8,
                 "num_attention_heads": 8,
             }
@@ -76,7 +76,7 @@ DOCTOR_BAD = {  # case: (arguments, what the line says)
     "ids out of range": (["{hybrid-text}", "--ids", "1", "9"], "outside [0, 8]: [9]"),
     "TP": (["--demo", "--tp", "3"], "tensor parallel size 3 does not divide"),
     "no model": ([], "give a model or config directory, or --demo"),
-    "family": (["{falcon}"], "no vLLM release up to"),
+    "family": (["{bamba}"], "no vLLM release up to"),
 }
 
 
@@ -117,7 +117,7 @@ def test_launch_custom_ids_come_sorted_with_our_note_instead_of_a_warning(config
     "name, args, says",
     [
         ("hybrid-text", ["--", "--tensor-parallel-size", "3"], "tensor parallel size 3"),
-        ("falcon", [], "FalconH1ForCausalLM (falcon_h1) has no EAGLE-3"),
+        ("bamba", [], "BambaForCausalLM (bamba) has no EAGLE-3"),
         ("hybrid-text", ["--target-layer-ids", "2", "2"], "duplicated [2]"),
     ],
 )
