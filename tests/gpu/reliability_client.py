@@ -109,7 +109,8 @@ def check_ids(args: argparse.Namespace) -> dict:
         ok = status == 200 and path is not None and inside(args.dir, path)
         ok = ok and read(path) == prompt  # type: ignore[arg-type]
         found[repr(rid[:20])] = {"status": status, "path": path, "ok": ok}
-    new_beside = sorted(set(os.listdir(parent)) - before)  # must stay empty
+    # must stay empty (the folder itself is made by the first write)
+    new_beside = sorted(set(os.listdir(parent)) - before - {os.path.basename(args.dir)})
     ok = all(v["ok"] for v in found.values()) and not new_beside
     return {"ids": found, "ok": ok, "new_beside_the_folder": new_beside}
 

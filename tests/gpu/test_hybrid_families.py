@@ -45,7 +45,8 @@ def _config(family: str) -> dict:
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
             config = ast.literal_eval(node.value)
-            return {**config, "vocab_size": 1024, "torch_dtype": "bfloat16"}
+            wider = {"vocab_size": 1024, "max_position_embeddings": 8192}  # the engine's 4096
+            return {**config, **wider, "torch_dtype": "bfloat16"}
     raise LookupError(name)
 
 

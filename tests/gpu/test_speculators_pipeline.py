@@ -43,6 +43,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("vllm")
 speculators = pytest.importorskip("speculators")
+from importlib.metadata import version as _version  # noqa: E402
+
+SPECULATORS_VERSION = _version("speculators")  # the package has no __version__
 pytest.importorskip("hs_connectors")
 
 import hf_reference as hf  # noqa: E402  (tests/gpu is on sys.path)
@@ -52,7 +55,7 @@ from test_serve import Server, free_port  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-if Version(speculators.__version__).release < (0, 9):
+if Version(SPECULATORS_VERSION).release < (0, 9):
     pytest.skip("speculators >= 0.9.0 (prepare-data through /render)", allow_module_level=True)
 
 N_LAYERS = 8  # the tiny preset
@@ -80,6 +83,7 @@ TRAIN_WRAPPER = textwrap.dedent(
     """
     import json, logging, sys
 
+
     class Lines(logging.Handler):
         def __init__(self, path):
             super().__init__()
@@ -91,23 +95,27 @@ TRAIN_WRAPPER = textwrap.dedent(
                 self.out.write(json.dumps(row) + "\\n")
                 self.out.flush()
 
-    from speculators.train.cli import main
-    from speculators.train.config import TrainConfig
 
-    cfg = TrainConfig.resolve(sys.argv[2:])
-    import speculators.train.logger as speculators_logger
+    def run():
+        from speculators.train.cli import main
+        from speculators.train.config import TrainConfig
+        import speculators.train.cli as cli
+        import speculators.train.logger as speculators_logger
 
-    setup = speculators_logger.setup_metric_logger
+        cfg = TrainConfig.resolve(sys.argv[2:])
+        setup = speculators_logger.setup_metric_logger
 
-    def with_lines(*args, **kwargs):
-        setup(*args, **kwargs)
-        logging.getLogger("speculators.metrics").addHandler(Lines(sys.argv[1]))
+        def with_lines(*args, **kwargs):
+            setup(*args, **kwargs)
+            logging.getLogger("speculators.metrics").addHandler(Lines(sys.argv[1]))
 
-    speculators_logger.setup_metric_logger = with_lines
-    import speculators.train.cli as cli
+        speculators_logger.setup_metric_logger = with_lines
+        cli.setup_metric_logger = with_lines
+        main(cfg)
 
-    cli.setup_metric_logger = with_lines
-    main(cfg)
+
+    if __name__ == "__main__":  # the trainer's loader workers are spawned and import this file
+        run()
     """
 )
 
@@ -275,7 +283,7 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
     server = Server(launch_argv(folder, storage, port), tmp_path / "server.log", port)
     report: dict[str, Any] = {
         "vllm": vllm.__version__,
-        "speculators": speculators.__version__,
+        "speculators": SPECULATORS_VERSION,
         "launcher": os.environ.get("SPECULATORS_HYBRID_LAUNCHER", "built-in"),
         "layer_ids": IDS,
     }
@@ -333,6 +341,7 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
             timeout=600,
         )
         report["check_exit"] = checked.returncode
+        write_report("speculators-pipeline", report)
         if checked.returncode != 0:
             problems.append(f"speculators-hybrid check failed:\n{checked.stdout[-3000:]}")
 
@@ -350,6 +359,7 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
             work.mkdir()
             row = train(kind, folder, data16, work, url, storage, epochs)
             report["train"][kind] = row
+            write_report("speculators-pipeline", report)  # kept if the run is cut short
             if row["steps"] < STEPS or not row["loss_all_finite"]:
                 problems.append(f"{kind}: {row['steps']} steps, finite={row['loss_all_finite']}")
             if row["loss_first"] is None or not row["loss_last"] < 0.7 * row["loss_first"]:
@@ -369,6 +379,9 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
         keep_log(server.log, "pipeline-server.log")
 
     # The same launch with the plugin off: stock vLLM 0.20.1 must refuse at start.
+    if os.environ.get("SPECULATORS_HYBRID_PIPELINE_STOCK", "1") == "0":  # shown by test_serve too
+        report["stock"] = {"skipped": "SPECULATORS_HYBRID_PIPELINE_STOCK=0", "seed_error": None}
+        return finish(report, problems)
     stock_log = tmp_path / "stock-server.log"
     port = free_port()
     env_off = {"SPECULATORS_HYBRID_DISABLE": "1"}
@@ -386,6 +399,12 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
     if stock.returncode == 0 or SEED_ERROR not in stock_text:
         problems.append(f"stock vLLM did not fail with the seed error:\n{stock_text[-3000:]}")
 
+    finish(report, problems)
+
+
+def finish(report: dict[str, Any], problems: list[str]) -> None:
+    import vllm
+
     report["problems"] = problems
     write_report("speculators-pipeline", report)
     trained = report.get("train", {})
@@ -395,7 +414,7 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
         if v.get("loss_first") is not None
     )
     print(
-        f"[pipeline] SUMMARY vllm={vllm.__version__} speculators={speculators.__version__}"
+        f"[pipeline] SUMMARY vllm={vllm.__version__} speculators={SPECULATORS_VERSION}"
         f" prepared={report.get('prepared_samples')} offline={report.get('offline')}"
         f" check={report.get('check_exit')} {summary} requests={report.get('requests_200')}"
         f" stock_seed_error={report['stock']['seed_error']} problems={len(problems)}"
