@@ -6,6 +6,8 @@ from speculators_hybrid.registry import Patch
 from speculators_hybrid.vllm_patches import (
     eagle3_falcon_h1,
     eagle3_granite,
+    eagle3_jamba,
+    eagle3_lfm2,
     eagle3_nemotron_h,
     engine_block,
     extraction_input,
@@ -43,6 +45,8 @@ PATCHES: tuple[Patch, ...] = (
     runner_v1.PATCH,
     eagle3_granite.PATCH,
     eagle3_falcon_h1.PATCH,
+    eagle3_lfm2.PATCH,
+    eagle3_jamba.PATCH,
     eagle3_nemotron_h.PATCH,
     text_only.PATCH,  # registers architectures (model_registration), wraps nothing
     own_page.PATCH,  # after the patches it wraps on top of (get_kv_cache_groups); keep last

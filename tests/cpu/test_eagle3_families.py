@@ -1,10 +1,10 @@
-"""granitemoehybrid-eagle3, nemotron_h-eagle3, falcon_h1-eagle3: vLLM's real classes get
-EAGLE-3 auxiliary hidden states (SupportsEagle3, as vLLM's model runner and check-extraction-input
-ask), and the decoder stack's forward returns them at the ids Qwen3.5 uses (0 = embeddings,
-i = residual stream after layer i-1, n = last, pre-norm).
+"""granitemoehybrid-eagle3, nemotron_h-eagle3, falcon_h1-eagle3, lfm2-eagle3, jamba-eagle3:
+vLLM's real classes get EAGLE-3 auxiliary hidden states (SupportsEagle3, as vLLM's model runner
+and check-extraction-input ask), and the decoder stack's forward returns them at the ids Qwen3.5
+uses (0 = embeddings, i = residual stream after layer i-1, n = last, pre-norm).
 
 The forward runs vLLM's real decoder-stack class, built on the CPU from a tiny config, with its
-own embeddings and final norm; its Mamba-2 / attention layers need GPU kernels and a forward
+own embeddings and final norm; its Mamba / conv / attention layers need GPU kernels and a forward
 context, so each decoder layer is swapped for a small module with the same contract (what it
 returns as hidden states and residual) and the expected ids are computed from those modules.
 The numerical match with transformers runs on the GPU (tests/gpu/test_hybrid_families.py, for
@@ -21,7 +21,13 @@ import torch
 from conftest import needs, set_shim
 from test_layer_zero import distributed, kernel_names  # noqa: F401, F811  (fixtures)
 
-from speculators_hybrid.vllm_patches import eagle3_falcon_h1, eagle3_granite, eagle3_nemotron_h
+from speculators_hybrid.vllm_patches import (
+    eagle3_falcon_h1,
+    eagle3_granite,
+    eagle3_jamba,
+    eagle3_lfm2,
+    eagle3_nemotron_h,
+)
 
 GRANITE = {
     "architectures": ["GraniteMoeHybridForCausalLM"],
@@ -97,16 +103,66 @@ FALCON_H1 = {
     "tie_word_embeddings": False,
     "torch_dtype": "float32",
 }
+LFM2 = {
+    "architectures": ["Lfm2ForCausalLM"],
+    "model_type": "lfm2",
+    "num_hidden_layers": 4,
+    "layer_types": ["conv", "full_attention", "conv", "conv"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "block_auto_adjust_ff_dim": False,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "conv_L_cache": 3,
+    "conv_dim": 64,  # LFM2's released configs carry these (vLLM reads them)
+    "block_dim": 64,
+    "conv_bias": False,
+    "vocab_size": 128,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
+JAMBA = {
+    "architectures": ["JambaForCausalLM"],
+    "model_type": "jamba",
+    "num_hidden_layers": 4,
+    "attn_layer_period": 4,
+    "attn_layer_offset": 1,  # layers: mamba, attention, mamba, mamba
+    "expert_layer_period": 2,
+    "expert_layer_offset": 1,
+    "num_experts": 1,  # a plain MLP in every layer
+    "num_experts_per_tok": 1,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_dt_rank": 8,
+    "vocab_size": 128,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
 FAMILIES = {
     "granitemoehybrid": (eagle3_granite, GRANITE, "GraniteMoeHybridForCausalLM"),
     "nemotron_h": (eagle3_nemotron_h, NEMOTRON_H, "NemotronHForCausalLM"),
     "falcon_h1": (eagle3_falcon_h1, FALCON_H1, "FalconH1ForCausalLM"),
+    "lfm2": (eagle3_lfm2, LFM2, "Lfm2ForCausalLM"),
+    "jamba": (eagle3_jamba, JAMBA, "JambaForCausalLM"),
 }
 # What a family's decoder layer takes and returns (StandIn): "stream" returns the residual
 # stream as its hidden states (and an internal residual), "separate" keeps a separate residual
 # (fused add-RMSNorm: the stream is hidden + residual), "alone" takes and returns the stream
 # only (no residual argument).
-STYLE = {"granitemoehybrid": "stream", "nemotron_h": "separate", "falcon_h1": "alone"}
+STYLE = {
+    "granitemoehybrid": "stream",
+    "nemotron_h": "separate",
+    "falcon_h1": "alone",
+    "lfm2": "separate",
+    "jamba": "separate",
+}
 IDS = (0, 1, 3, 4)
 
 
@@ -142,8 +198,8 @@ def _dir(tmp_path, family: str) -> str:
 class StandIn(torch.nn.Module):
     """A decoder layer's contract without its kernels (STYLE): Granite's layers return the
     residual stream as hidden states (the residual they return is internal); Nemotron-H's keep a
-    separate residual, the stream being hidden + residual; Falcon-H1's take and return the
-    stream alone."""
+    separate residual, the stream being hidden + residual (LFM2's and Jamba's too); Falcon-H1's
+    take and return the stream alone."""
 
     def __init__(self, index: int, hidden: int, style: str):
         super().__init__()

@@ -32,6 +32,8 @@ FROM_022 = {
     OWN_PAGE,
     "granitemoehybrid-eagle3",  # 0.20/0.21 refuse the model type by name
     "falcon_h1-eagle3",  # likewise
+    "lfm2-eagle3",  # likewise
+    "jamba-eagle3",  # likewise
 }
 
 # vLLM release -> the patches it needs (the table README.md shows).

@@ -1,0 +1,89 @@
+"""EAGLE-3 auxiliary hidden states for Jamba (`JambaForCausalLM`).
+
+Why: vLLM's `JambaForCausalLM` (`jamba`: Mamba + attention + MoE, AI21's Jamba) has no
+`SupportsEagle3` in any release 0.20.0-0.33.0, so `extract_hidden_states` fails after loading
+the weights ("Model does not support EAGLE3 interface"). On 0.20/0.21 vLLM's SpeculativeConfig
+also refuses the model type by name (`jamba` is not in its list), before any class is looked at:
+the patch starts at 0.22, where that list is gone.
+How: `JambaModel.forward` is replaced by ours (eagle3_aux.py says why it is a plain function) and
+`JambaForCausalLM` by a subclass with `SupportsEagle3` (`JambaForSequenceClassification` keeps
+vLLM's own class as its base). Its layers keep a separate residual (fused add-RMSNorm), so id i
+is `hidden + residual` after layer i-1, id 0 a copy of the embeddings (the first layer's in-place
+residual add would overwrite them), as for Nemotron-H. Without aux layers the forward is vLLM's
+own computation, unchanged.
+Upstream: none yet.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Any
+
+from speculators_hybrid.registry import Patch, Target
+from speculators_hybrid.vllm_patches.eagle3_aux import add, eagle3_class, layers_of, replacing
+
+MODULE = "vllm.model_executor.models.jamba"
+
+
+def jamba_forward(
+    self: Any,
+    input_ids: Any,
+    positions: Any,
+    intermediate_tensors: Any = None,
+    inputs_embeds: Any = None,
+) -> Any:
+    """vLLM's `JambaModel.forward`, returning `(hidden, aux)` when aux ids are set."""
+    from vllm.distributed.parallel_state import get_pp_group
+    from vllm.sequence import IntermediateTensors
+
+    pp = get_pp_group()
+    if pp.is_first_rank:
+        hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+        residual = None
+    else:
+        assert intermediate_tensors is not None
+        hidden = intermediate_tensors["hidden_states"]
+        residual = intermediate_tensors["residual"]
+    wanted = layers_of(self)
+    aux: list[Any] = []
+    if pp.is_first_rank:
+        add(aux, wanted, 0, hidden)
+    for index, layer in enumerate(
+        islice(self.layers, self.start_layer, self.end_layer), start=self.start_layer + 1
+    ):
+        hidden, residual = layer(positions=positions, hidden_states=hidden, residual=residual)
+        if index in wanted:
+            add(aux, wanted, index, hidden if residual is None else hidden + residual)
+    if not pp.is_last_rank:
+        return IntermediateTensors({"hidden_states": hidden, "residual": residual})
+    hidden, _ = self.final_layernorm(hidden, residual)
+    return (hidden, aux) if aux else hidden
+
+
+PATCH = Patch(
+    id="jamba-eagle3",
+    project="vllm",
+    versions=">=0.22",
+    fixed_upstream="none yet",
+    why=__doc__ or "",
+    targets=(
+        Target(
+            MODULE,
+            "JambaModel.forward",
+            replacing(jamba_forward),
+            ("9a2671486af267f8",),  # 0.22.0-0.33.0
+            replaces=True,
+        ),
+        Target(
+            MODULE,
+            "JambaForCausalLM",
+            eagle3_class,
+            (
+                "890ffcecbadc2777",  # 0.22.0-0.25.1
+                "e4d916f6dd2d0042",  # 0.26.0-0.32.0
+                "67190090565dd350",  # 0.33.0
+            ),
+            replaces=True,
+        ),
+    ),
+)

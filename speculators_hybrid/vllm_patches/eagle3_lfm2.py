@@ -1,0 +1,89 @@
+"""EAGLE-3 auxiliary hidden states for LFM2 (`Lfm2ForCausalLM`).
+
+Why: vLLM's `Lfm2ForCausalLM` (`lfm2`: short gated convolutions + attention, Liquid's LFM2) has
+no `SupportsEagle3` in any release 0.20.0-0.33.0, so `extract_hidden_states` fails after loading
+the weights ("Model does not support EAGLE3 interface"). On 0.20/0.21 vLLM's SpeculativeConfig
+also refuses the model type by name (`lfm2` is not in its list), before any class is looked at:
+the patch starts at 0.22, where that list is gone.
+How: `Lfm2Model.forward` is replaced by ours (eagle3_aux.py says why it is a plain function) and
+`Lfm2ForCausalLM` by a subclass with `SupportsEagle3`. Its layers keep a separate residual (fused
+add-RMSNorm), so id i is `hidden + residual` after layer i-1, id 0 a copy of the embeddings (the
+first layer's in-place residual add would overwrite them), as for Nemotron-H. Without aux layers
+the forward is vLLM's own computation, unchanged (0.33's `Lfm2BidirectionalModel` inherits it).
+Upstream: none yet.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Any
+
+from speculators_hybrid.registry import Patch, Target
+from speculators_hybrid.vllm_patches.eagle3_aux import add, eagle3_class, layers_of, replacing
+
+MODULE = "vllm.model_executor.models.lfm2"
+
+
+def lfm2_forward(
+    self: Any,
+    input_ids: Any,
+    positions: Any,
+    intermediate_tensors: Any = None,
+    inputs_embeds: Any = None,
+) -> Any:
+    """vLLM's `Lfm2Model.forward`, returning `(hidden, aux)` when aux ids are set."""
+    from vllm.distributed.parallel_state import get_pp_group
+    from vllm.sequence import IntermediateTensors
+
+    pp = get_pp_group()
+    if pp.is_first_rank:
+        hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+        residual = None
+    else:
+        assert intermediate_tensors is not None
+        hidden = intermediate_tensors["hidden_states"]
+        residual = intermediate_tensors["residual"]
+    wanted = layers_of(self)
+    aux: list[Any] = []
+    if pp.is_first_rank:
+        add(aux, wanted, 0, hidden)
+    for index, layer in enumerate(
+        islice(self.layers, self.start_layer, self.end_layer), start=self.start_layer + 1
+    ):
+        hidden, residual = layer(positions=positions, hidden_states=hidden, residual=residual)
+        if index in wanted:
+            add(aux, wanted, index, hidden if residual is None else hidden + residual)
+    if not pp.is_last_rank:
+        return IntermediateTensors({"hidden_states": hidden, "residual": residual})
+    hidden, _ = self.embedding_norm(hidden, residual)
+    return (hidden, aux) if aux else hidden
+
+
+PATCH = Patch(
+    id="lfm2-eagle3",
+    project="vllm",
+    versions=">=0.22",
+    fixed_upstream="none yet",
+    why=__doc__ or "",
+    targets=(
+        Target(
+            MODULE,
+            "Lfm2Model.forward",
+            replacing(lfm2_forward),
+            ("f096226babbc353d",),  # 0.22.0-0.33.0
+            replaces=True,
+        ),
+        Target(
+            MODULE,
+            "Lfm2ForCausalLM",
+            eagle3_class,
+            (
+                "e2c1fa3442d7eb71",  # 0.22.0-0.24.0
+                "8385554ac9c0d44e",  # 0.25.0-0.28.0
+                "ebb4267905968a09",  # 0.29.0-0.31.0
+                "76a0391e239d6fd4",  # 0.32.0-0.33.0
+            ),
+            replaces=True,
+        ),
+    ),
+)
