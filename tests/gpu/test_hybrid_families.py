@@ -1,5 +1,6 @@
 """GPU proof for issue 19: hidden states vLLM extracts from tiny random Granite 4.0-H
-(`granitemoehybrid`) and Nemotron-H (`nemotron_h`) checkpoints match transformers.
+(`granitemoehybrid`), Nemotron-H (`nemotron_h`), Falcon-H1, LFM2 and Jamba checkpoints match
+transformers.
 
 Each family's checkpoint is built with the device's transformers from the config the CPU tests
 use (tests/cpu/test_eagle3_families.py, vocabulary widened for the prompts), then run through
@@ -7,8 +8,8 @@ test_hidden_states_match.check_case: vLLM's offline `LLM` with speculators' extr
 in a fresh process, every file checked against the contract and verified per token and layer id
 against a float32 transformers forward within verify's calibrated margin. Ids (0, 1, 3, 4) cover
 the embeddings, the first layer, an attention layer's output and n. The EAGLE-3 states come from
-granitemoehybrid-eagle3 (vLLM >= 0.22) and nemotron_h-eagle3 (vLLM < 0.22; vLLM's own class from
-0.22). Skipped without a GPU, and where families.py says the installed vLLM refuses the family.
+the `<family>-eagle3` patches (`patches list`; Nemotron-H's on vLLM < 0.22 only, vLLM's own class
+from 0.22; the others from 0.22, as vLLM 0.20/0.21 refuse their model types by name). Skipped without a GPU, and where families.py says the installed vLLM refuses the family.
 Run: `pytest tests/gpu/test_hybrid_families.py -s` on vLLM 0.20.1 and 0.25.0 (and a release
 >= 0.29 for Granite: vLLM 0.22-0.28's GraniteMoeHybridModel cannot read the layer type names
 transformers >= 5.13 writes, `mamba` / `attention` became `linear_attention` / `full_attention`).
@@ -41,7 +42,7 @@ def _config(family: str) -> dict:
     import ast
 
     source = (Path(__file__).resolve().parents[1] / "cpu" / "test_eagle3_families.py").read_text()
-    name = {"granitemoehybrid": "GRANITE", "nemotron_h": "NEMOTRON_H"}[family]
+    name = family.upper().replace("GRANITEMOEHYBRID", "GRANITE")  # the CPU test's names
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
             config = ast.literal_eval(node.value)
@@ -65,7 +66,7 @@ def build(folder: Path, family: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("family", ["granitemoehybrid", "nemotron_h"])
+@pytest.mark.parametrize("family", ["granitemoehybrid", "nemotron_h", "falcon_h1", "lfm2", "jamba"])
 def test_family_hidden_states_match_transformers(tmp_path_factory, tmp_path, family):
     why = families.refusal(family, installed("vllm"))
     if why:
