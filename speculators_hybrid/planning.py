@@ -109,29 +109,45 @@ def hidden_state_layer(config: Any) -> tuple[str, Any]:
 
 
 ATTENTION_TYPES = frozenset({"full_attention", "attention"})
-STATE_TYPES = frozenset({"linear_attention", "mamba"})
+STATE_TYPES = frozenset({"linear_attention", "mamba", "conv"})  # conv: LFM2's short conv
+BOTH_TYPES = frozenset({"hybrid"})  # Falcon-H1: attention and Mamba-2 side by side
 NO_CACHE_TYPES = frozenset({"mlp", "moe"})  # Nemotron-H's MLP and MoE layers
 PATTERN = {"*": "full_attention", "M": "mamba", "-": "mlp", "E": "moe"}  # hybrid_override_pattern
 # vLLM's `mamba_type` of the state layers, by model type (Gated DeltaNet otherwise).
-MAMBA_TYPES = {"nemotron_h": "mamba2"}
+MAMBA_TYPES = {
+    "nemotron_h": "mamba2",
+    "granitemoehybrid": "mamba2",
+    "falcon_h1": "mamba2",
+    "jamba": "mamba1",
+    "lfm2": "short_conv",
+}
 
 
 def layer_kinds(text: Any) -> list[str]:
-    """Per decoder layer: "attention", the state layers' vLLM `mamba_type`, or "" (no cache:
-    an MLP or MoE layer). From `layer_types` (transformers derives it for Nemotron-H from
-    `hybrid_override_pattern`), that pattern, else every layer full attention (dense)."""
-    types = getattr(text, "layer_types", None)
+    """Per decoder layer: "attention", the state layers' vLLM `mamba_type`, "attention+" and
+    that type (both in one layer: Falcon-H1), or "" (no cache: an MLP or MoE layer). From
+    `layer_types` (transformers derives it for Nemotron-H from `hybrid_override_pattern`, for
+    Jamba from its attention period), Jamba's `layers_block_type`, that pattern, else every
+    layer full attention (dense)."""
+    types = getattr(text, "layer_types", None) or getattr(text, "layers_block_type", None)
     if not types and getattr(text, "hybrid_override_pattern", None):
         types = [PATTERN.get(c, c) for c in text.hybrid_override_pattern]
     if not types:
         return ["attention"] * text.num_hidden_layers
-    known = ATTENTION_TYPES | STATE_TYPES | NO_CACHE_TYPES
+    known = ATTENTION_TYPES | STATE_TYPES | BOTH_TYPES | NO_CACHE_TYPES
     unknown = sorted({str(t) for t in types if t not in known})
     if unknown:
         raise ValueError(f"doctor does not plan layers of type {unknown} yet")
     state = MAMBA_TYPES.get(getattr(text, "model_type", ""), "gdn_attention")
     return [
-        "attention" if t in ATTENTION_TYPES else state if t in STATE_TYPES else "" for t in types
+        "attention"
+        if t in ATTENTION_TYPES
+        else state
+        if t in STATE_TYPES
+        else f"attention+{state}"
+        if t in BOTH_TYPES
+        else ""
+        for t in types
     ]
 
 
@@ -146,7 +162,7 @@ def model_layer_specs(config: Any) -> dict[str, Any]:
     kinds = layer_kinds(model.hf_text_config)
     specs: dict[str, Any] = {}
     mamba: dict[str, Any] = {}
-    if any(k not in ("attention", "") for k in kinds):
+    if any(k not in ("attention", "") for k in kinds):  # state layers (alone or beside attention)
         model_cls, _ = ModelRegistry.resolve_model_cls(model.architecture, model_config=model)
         mamba = dict(
             shapes=tuple(model_cls.get_mamba_state_shape_from_config(config)),
@@ -159,15 +175,16 @@ def model_layer_specs(config: Any) -> dict[str, Any]:
             ),
         )
     for i, kind in enumerate(kinds):
-        if kind == "attention":
+        state = "" if kind == "attention" else kind.removeprefix("attention+")
+        if kind == "attention" or state != kind:
             specs[f"model.layers.{i}.self_attn.attn"] = FullAttentionSpec(
                 block_size=cache.block_size,
                 num_kv_heads=model.get_num_kv_heads(config.parallel_config),
                 head_size=model.get_head_size(),
                 dtype=model.dtype,
             )
-        elif kind:
-            specs[f"model.layers.{i}.linear_attn"] = MambaSpec(**mamba, mamba_type=kind)
+        if state:
+            specs[f"model.layers.{i}.linear_attn"] = MambaSpec(**mamba, mamba_type=state)
     return specs
 
 
