@@ -1,4 +1,4 @@
-"""`speculators-hybrid launch [--launcher PATH] MODEL [launcher options] [-- vLLM args]`.
+"""`speculators-hybrid launch [--launcher PATH] [--prefill-only] MODEL [options] [-- vLLM args]`.
 
 Runs speculators' `scripts/launch_vllm.py` (with `--launcher`, any release, unchanged) or a
 built-in launcher with the main-branch CLI, takes the `vllm serve` command it would exec,
@@ -21,6 +21,8 @@ from speculators_hybrid.versions import installed
 PROG = "speculators-hybrid launch"
 DRY_RUN = "--dry-run"
 DRY_RUN_BANNER = "Would run (--dry-run, nothing started):"
+PREFILL_ONLY = "--prefill-only"
+PREFILL_ENV = "SPECULATORS_HYBRID_PREFILL_ONLY"  # vllm_patches/prefill_only.py reads it
 
 
 def log(message: str) -> None:
@@ -31,7 +33,7 @@ def split_args(argv: list[str]) -> tuple[str | None, bool, list[str]]:
     """(--launcher PATH, --dry-run, the rest); only what comes before the first `--` is ours.
 
     --dry-run is taken here (also abbreviated, as argparse would) so a launcher always reaches
-    its exec, which we catch."""
+    its exec, which we catch. --prefill-only stays in the rest for `prefill_only`."""
     launcher, dry_run, rest = None, False, []
     i = 0
     while i < len(argv):
@@ -54,8 +56,16 @@ def split_args(argv: list[str]) -> tuple[str | None, bool, list[str]]:
     return launcher, dry_run, rest
 
 
+def prefill_only(argv: list[str]) -> tuple[bool, list[str]]:
+    """(--prefill-only given before `--`, ARGV without it)."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    ours = [a for a in argv[:cut] if a != PREFILL_ONLY]
+    return len(ours) < cut, ours + argv[cut:]
+
+
 def plan(argv: list[str]) -> tuple[Command, bool]:
     """The final command for `launch ARGV`, and whether this is a dry run."""
+    prefill, argv = prefill_only(argv)
     launcher, dry_run, rest = split_args(argv)
     notes: list[str] = []  # about the ids, said once the command is accepted
     if launcher is not None:
@@ -70,6 +80,12 @@ def plan(argv: list[str]) -> tuple[Command, bool]:
     cmd = adjust.for_target(cmd, tgt, rest, installed("vllm"), log)
     for note in notes:
         log(note)
+    if prefill:
+        cmd.env = {**(os.environ if cmd.env is None else cmd.env), PREFILL_ENV: "1"}
+        log(
+            f"prefill-only extraction ({PREFILL_ENV}=1): no spare state block per request "
+            "(more KV capacity); requests must have max_tokens=1"
+        )
     return cmd, dry_run
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from speculators_hybrid.vllm_patches import prefill_only
+
 GPU_DEFAULT_BLOCK = 16  # vLLM's default block size on CUDA before backend/hybrid alignment
 
 
@@ -170,9 +172,7 @@ def model_layer_specs(config: Any) -> dict[str, Any]:
             block_size=cache.mamba_block_size,
             page_size_padded=cache.mamba_page_size_padded,
             mamba_cache_mode=cache.mamba_cache_mode,
-            num_speculative_blocks=(
-                config.speculative_config.num_speculative_tokens if config.speculative_config else 0
-            ),
+            num_speculative_blocks=prefill_only.speculative_blocks(config),  # as the layers
         )
     for i, kind in enumerate(kinds):
         state = "" if kind == "attention" else kind.removeprefix("attention+")

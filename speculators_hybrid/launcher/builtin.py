@@ -70,6 +70,12 @@ def parser(registry: dict[str, Any]) -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     p.add_argument(
+        "--prefill-only",
+        action="store_true",
+        help="every request has max_tokens=1 (speculators' data generation): no spare state "
+        "block per request, more KV capacity; other requests are refused (any launcher)",
+    )
+    p.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="accepted for compatibility (config.json is read as JSON); pass it after `--` "

@@ -19,6 +19,7 @@ from speculators_hybrid.vllm_patches import (
     layer_zero,
     llm_wait,
     own_page,
+    prefill_only,
     prefix_caching,
     prefix_hit,
     provenance,
@@ -48,6 +49,7 @@ PATCHES: tuple[Patch, ...] = (
     eagle3_lfm2.PATCH,
     eagle3_jamba.PATCH,
     eagle3_nemotron_h.PATCH,
+    prefill_only.PATCH,
     text_only.PATCH,  # registers architectures (model_registration), wraps nothing
     own_page.PATCH,  # after the patches it wraps on top of (get_kv_cache_groups); keep last
 )

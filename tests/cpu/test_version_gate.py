@@ -60,7 +60,7 @@ NEEDED = {
     "0.33.0": FROM_022 | {WHOLE} | {RUNNER_V1},
 }
 # Needed on every release in the table (no upstream fix yet).
-EVERY_RELEASE = {"check-extraction-input", "layer-zero-is-embeddings"}
+EVERY_RELEASE = {"check-extraction-input", "layer-zero-is-embeddings", "prefill-only-extraction"}
 NEEDED = {release: needed | EVERY_RELEASE for release, needed in NEEDED.items()}
 
 

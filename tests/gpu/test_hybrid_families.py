@@ -8,11 +8,14 @@ test_hidden_states_match.check_case: vLLM's offline `LLM` with speculators' extr
 in a fresh process, every file checked against the contract and verified per token and layer id
 against a float32 transformers forward within verify's calibrated margin. Ids (0, 1, 3, 4) cover
 the embeddings, the first layer, an attention layer's output and n. The EAGLE-3 states come from
-the `<family>-eagle3` patches (`patches list`; Nemotron-H's on vLLM < 0.22 only, vLLM's own class
-from 0.22; the others from 0.22, as vLLM 0.20/0.21 refuse their model types by name). Skipped without a GPU, and where families.py says the installed vLLM refuses the family.
-Run: `pytest tests/gpu/test_hybrid_families.py -s` on vLLM 0.20.1 and 0.25.0 (and a release
->= 0.29 for Granite: vLLM 0.22-0.28's GraniteMoeHybridModel cannot read the layer type names
-transformers >= 5.13 writes, `mamba` / `attention` became `linear_attention` / `full_attention`).
+nemotron_h-eagle3 (vLLM < 0.22; vLLM's own class from 0.22) and granitemoehybrid-eagle3,
+falcon_h1-eagle3, lfm2-eagle3, jamba-eagle3 (vLLM >= 0.22: 0.20/0.21 refuse those model types
+by name).
+Skipped without a GPU, and where families.py says the installed vLLM refuses the family. Run:
+`pytest tests/gpu/test_hybrid_families.py -s` on vLLM 0.20.1 and 0.25.0 (and a release >= 0.29
+for Granite: vLLM 0.22-0.28's GraniteMoeHybridModel cannot read the layer type names
+transformers >= 5.13 writes, `mamba` / `attention` became `linear_attention` /
+`full_attention`).
 """
 
 from __future__ import annotations

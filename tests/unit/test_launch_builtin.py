@@ -117,6 +117,7 @@ def test_help_lists_the_launcher_options(capsys):
         "--target-layer-ids",
         "--no-include-last-layer",
         "--dry-run",
+        "--prefill-only",
         "--trust-remote-code",
     ):
         assert option in out
@@ -131,3 +132,20 @@ def test_an_abbreviated_launcher_option_is_refused(targets, capsys):
     args = [str(targets["plain"]), "--launch", str(GENERATIONS["main"])]
     assert launch.main(args) == 2
     assert "write --launcher PATH in full" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source", ["builtin", "main"])
+def test_prefill_only_reaches_vllm_as_its_switch(source, targets, monkeypatch):
+    """`--prefill-only` (ours, before `--`) sets SPECULATORS_HYBRID_PREFILL_ONLY for vLLM and
+    never reaches a launcher; after `--` it is vLLM's (unknown there: left alone)."""
+    monkeypatch.delenv(launch.PREFILL_ENV, raising=False)
+    argv = ["--prefill-only", str(targets["plain"]), "--port", "1"]
+    if source == "main":
+        argv = ["--launcher", str(GENERATIONS["main"]), *argv]
+    cmd, _ = launch.plan(argv)
+    assert cmd.env is not None and cmd.env[launch.PREFILL_ENV] == "1"
+    assert "--prefill-only" not in cmd.argv
+    plain, _ = launch.plan([a for a in argv if a != "--prefill-only"])
+    assert plain.env is None or launch.PREFILL_ENV not in plain.env
+    after, _ = launch.plan([*argv[:-3], str(targets["plain"]), "--", "--prefill-only"])
+    assert "--prefill-only" in after.argv

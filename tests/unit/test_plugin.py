@@ -39,6 +39,7 @@ EVERY = {
     "layer-zero-is-embeddings",
     "hidden-states-own-page-size",
     "qwen3_5-text-only-models",
+    "prefill-only-extraction",  # opt-in (SPECULATORS_HYBRID_PREFILL_ONLY)
 }
 BEFORE_022 = {
     "keep-hma-for-extraction",
