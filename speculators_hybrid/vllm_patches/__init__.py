@@ -26,6 +26,7 @@ from speculators_hybrid.vllm_patches import (
     runner_v1,
     text_only,
     whole_prompts,
+    wide_hidden,
 )
 
 PATCHES: tuple[Patch, ...] = (
@@ -50,6 +51,7 @@ PATCHES: tuple[Patch, ...] = (
     eagle3_jamba.PATCH,
     eagle3_nemotron_h.PATCH,
     prefill_only.PATCH,
+    wide_hidden.PATCH,
     text_only.PATCH,  # registers architectures (model_registration), wraps nothing
     own_page.PATCH,  # after the patches it wraps on top of (get_kv_cache_groups); keep last
 )

@@ -4,7 +4,8 @@ Same contract as vLLM's `ExampleHiddenStatesConnector`: one safetensors file per
 `{shared_storage_path}/{req_id}.safetensors` holding `hidden_states` [tokens, ids, hidden]
 and `token_ids` (int64, the prompt), its path returned as
 `kv_transfer_params["hidden_states_path"]`. Differences: it supports several KV-cache groups
-(`SupportsHMA`) and reads the hidden-state group's blocks with that group's block size; it
+(`SupportsHMA`) and reads the hidden-state group's blocks with that group's block size (from
+the W caches of that group with `hidden-states-wide-group`, joined along the hidden dim); it
 writes each file once, when the whole prompt has been computed (so a prompt longer than one
 prefill chunk still gives one complete file); one tensor-parallel rank writes; the file
 appears atomically (written aside, then renamed) while an exclusive `flock` is held on
@@ -73,6 +74,18 @@ def read_slots(kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     if kv_cache.is_cuda and not slots.is_cuda:
         slots = slots.pin_memory().to(kv_cache.device, non_blocking=True)
     return kv_cache[block_index(kv_cache, slots)]
+
+
+def read_wide(kv_caches: list[torch.Tensor], slots: torch.Tensor) -> torch.Tensor:
+    """The same rows of each of the W caches of `hidden-states-wide-group` (cache j holds
+    hidden columns j*h/W:(j+1)*h/W), joined along the last dim: [tokens, ids, h]."""
+    if len(kv_caches) == 1:
+        return read_slots(kv_caches[0], slots)
+    first = kv_caches[0]
+    if first.is_cuda and not slots.is_cuda:  # one host-to-device copy for the W reads
+        slots = slots.pin_memory().to(first.device, non_blocking=True)
+    index = block_index(first, slots)  # every slice has the same blocks and block size
+    return torch.cat([cache[index] for cache in kv_caches], dim=-1)
 
 
 def write_file(
@@ -153,6 +166,7 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         if async_enabled(self._kv_transfer_config.get_from_extra_config) and not self._guard:
             self._writer = FileWriter()
         self._layer: str | None = None
+        self._slices: list[torch.Tensor] | None = None  # the W caches (wide group), in order
         self._group = -1
         self._block_size = 0
         if role == KVConnectorRole.WORKER:
@@ -171,12 +185,22 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         from vllm.config import get_layers_from_vllm_config
         from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
 
+        from speculators_hybrid.vllm_patches.wide_hidden import SLICE
+
         layers = get_layers_from_vllm_config(
             self._vllm_config, CacheOnlyAttentionLayer, list(kv_caches)
         )
-        if len(layers) != 1:
+        if len(layers) > 1:  # hidden-states-wide-group: W slices of the hidden dim, in order
+            slices = {name: getattr(layer, SLICE, None) for name, layer in layers.items()}
+            order = sorted(slices, key=lambda n: slices[n] or (-1, 0))
+            if [slices[n] for n in order] != [(j, len(layers)) for j in range(len(layers))]:
+                raise ValueError(f"expected one hidden-state cache layer, found {sorted(layers)}")
+            self._slices = [kv_caches[name] for name in order]
+            self._layer = order[-1]  # the proposer writes the slices in order: read after all
+        elif len(layers) == 1:
+            self._layer = next(iter(layers))
+        else:
             raise ValueError(f"expected one hidden-state cache layer, found {sorted(layers)}")
-        self._layer = next(iter(layers))
         self._provenance = provenance(self._vllm_config)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
@@ -208,7 +232,11 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
     def _save(self, save: SaveRequest, kv_layer: torch.Tensor) -> None:
         os.makedirs(self._dir, exist_ok=True)  # made again if someone removed it
         clear_failure(save.path)  # a marker left by an earlier request of the same id
-        hidden = read_slots(kv_layer, save.slots)
+        hidden = (
+            read_slots(kv_layer, save.slots)
+            if self._slices is None
+            else read_wide(self._slices, save.slots)
+        )
         tokens = torch.tensor(save.token_ids, dtype=torch.int64)
         if self._writer is not None:
             tensors = {"hidden_states": hidden, "token_ids": tokens}

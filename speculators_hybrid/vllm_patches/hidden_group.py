@@ -7,8 +7,9 @@ page size by growing block sizes, which fails beside padded Gated DeltaNet / Mam
 succeed, a one-layer spec type would shrink every group to one layer.
 How: the layer reports a `HiddenStatesCacheSpec` (same bytes, marked); the planner groups
 the model's own layers exactly as without extraction, then adds one group for the hidden
-states whose block size divides the engine's block size and whose page is padded to the
-shared page. The KV cache manager treats that group as full attention. The engine core then
+states (its one layer, or the W of `hidden-states-wide-group`) whose block size divides the
+engine's block size and whose page is padded to the shared page. The KV cache manager treats
+that group as full attention. The engine core then
 sets its block size to the smallest group block size, which would now be the hidden group's
 and break prefix caching at start-up ("block_size must be divisible by hash_block_size") and
 the alignment of Mamba prefill chunks; the engine block size is put back to the smallest of
@@ -65,8 +66,15 @@ def _groups(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     page = pages.pop()
     remember_engine_block(vllm_config, groups)
     block = vllm_config.cache_config.block_size
-    for name, spec in hidden.items():
-        groups.append(KVCacheGroupSpec([name], fit_to_page(spec, page, block)))
+    # One group for all hidden-state layers: one today, W with hidden-states-wide-group.
+    specs_of_hidden = set(hidden.values())
+    if len(specs_of_hidden) != 1:
+        raise ValueError(
+            f"speculators-hybrid: the hidden-state layers have {len(specs_of_hidden)} different "
+            "KV-cache specs; expected one."
+        )
+    spec = fit_to_page(specs_of_hidden.pop(), page, block)
+    groups.append(KVCacheGroupSpec(list(hidden), spec))
     return groups
 
 

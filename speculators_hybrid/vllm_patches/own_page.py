@@ -13,15 +13,20 @@ most that also divide the engine block size, so cache hits keep the model's gran
 cost of padding (Qwen3.6-27B-like: 32 of 41 tokens, 1.12x the target instead of 1.01x).
 vLLM 0.33's `KVCacheConfigBuilder` is chosen by the platform, so replacing it would override
 a vendor's builder; wrapping the default grouping composes with any builder that uses it.
+A hidden-state group already as wide as the model's groups (`hidden-states-wide-group`,
+opt-in, vLLM < 0.22) uses every page of its blocks: then nothing is split.
 Upstream: vLLM PR 56822 (open) splits groups the same way.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
+
+logger = logging.getLogger("vllm.speculators_hybrid")
 
 
 def is_hidden(spec: Any) -> bool:
@@ -48,12 +53,23 @@ def one_layer_groups(vllm_config: Any, groups: list[Any]) -> list[Any]:
     cache = vllm_config.cache_config
     engine_block = ENGINE_BLOCK.get(id(cache), min(g.kv_cache_spec.block_size for g in model))
     caching = bool(cache.enable_prefix_caching)
-    split = [replace(g, layer_names=[name]) for g in model for name in g.layer_names]
     refit = [
         replace(g, kv_cache_spec=fit_to_page(g.kv_cache_spec, page, engine_block, caching))
         for g in hidden
     ]
-    return split + refit
+    width = max(len(g.layer_names) for g in model)
+    if all(len(g.layer_names) == width for g in hidden):
+        return model + refit  # as wide as the model's groups (hidden-states-wide-group)
+    if any(len(g.layer_names) > 1 for g in hidden):
+        logger.info(
+            "speculators-hybrid: the hidden-state group has %s layers, the model's groups %d; "
+            "splitting every group into one-layer groups.",
+            [len(g.layer_names) for g in hidden],
+            width,
+        )
+    split = [replace(g, layer_names=[name]) for g in model for name in g.layer_names]
+    split_hidden = [replace(g, layer_names=[name]) for g in refit for name in g.layer_names]
+    return split + split_hidden
 
 
 def _split(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -23,6 +23,7 @@ BEFORE_022 = {
     "files-whole-when-generate-returns",
     OWN_PAGE,
     "nemotron_h-eagle3",  # vLLM 0.22 adds SupportsEagle3 to NemotronH
+    "hidden-states-wide-group",  # opt-in (SPECULATORS_HYBRID_WIDE_HIDDEN)
 }
 FROM_022 = {
     PROVENANCE,

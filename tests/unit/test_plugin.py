@@ -47,6 +47,7 @@ BEFORE_022 = {
     "hidden-states-write-slots",
     "files-whole-when-generate-returns",  # our connector writes off the step
     "nemotron_h-eagle3",  # vLLM 0.22 adds SupportsEagle3 to NemotronH
+    "hidden-states-wide-group",  # opt-in (SPECULATORS_HYBRID_WIDE_HIDDEN)
 }
 FROM_022 = {
     "hidden-block-divides-engine-block",
