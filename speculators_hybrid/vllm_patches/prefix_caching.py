@@ -19,15 +19,15 @@ with prefix_hit.py on 0.24-0.28, test_prefix_hit_fixed.py stock from 0.27); and 
 connector writes after a hit holds every prompt token, each row read from the slot its token's
 row was written to, equal to an uncached run's file (tests/cpu/test_prefix_hit_file.py: vLLM's
 scheduler, prefix cache and both connector sides with the opt-in, shared prefixes below a block,
-block multiples, across step ends, whole-prompt repeats; 0.24.0, 0.25.0, 0.27.0, 0.28.0, 0.29.0,
-0.33.0). vLLM issue 44485 (a file of only the newly computed tokens) is the 0.22-0.23
-connector's read in the forward pass; from 0.24 it reads the whole block table and it does not
-reproduce. Not yet proven: any GPU run (0.24.0, 0.25.0: tests/gpu with prefix caching on, hits
-across chunk boundaries, every file within the calibrated floor); the CPU test's model is a
-stand-in, so it cannot see the attention or GDN state a hit resumes from (0.33 hits on the hidden
-group's 20-token hash block, inside an attention block). On 0.22-0.23 the opt-in is refused
-(still off): vLLM's connector refuses chunked prefill there, which Mamba 'align' mode needs. The
-range narrows release by release as those proofs hold.
+block multiples, across step ends, whole-prompt repeats; 0.24.0, 0.25.0, 0.26.0, 0.27.0, 0.28.0,
+0.29.0, 0.30.0, 0.31.0, 0.32.0, 0.33.0). vLLM issue 44485 (a file of only the newly computed
+tokens) is the 0.22-0.23 connector's read in the forward pass; from 0.24 it reads the whole
+block table and it does not reproduce. Not yet proven: any GPU run (0.24.0, 0.25.0: tests/gpu
+with prefix caching on, hits across chunk boundaries, every file within the calibrated floor);
+the CPU test's model is a stand-in, so it cannot see the attention or GDN state a hit resumes
+from (0.32+ hit on the hidden group's 20-token hash block, inside an attention block). On
+0.22-0.23 the opt-in is refused (still off): vLLM's connector refuses chunked prefill there,
+which Mamba 'align' mode needs. The range narrows release by release as those proofs hold.
 Upstream: none yet.
 """
 
