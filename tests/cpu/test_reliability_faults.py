@@ -6,7 +6,8 @@ refuses new files (chattr +i, or a read-only tmpfs), a folder deleted under the 
 failing writer thread, and a writer killed with SIGKILL mid-write. After each: no file (whole or
 partial) under the final name, the lock released, the cause logged with the path, the request
 failed with `hidden_states_error` where its response is not yet sent, the next request served.
-Tests run as root, which ignores permission bits: hence chattr / mounts, not chmod.
+Tests run as root, which ignores permission bits: hence chattr / mounts, not chmod. vLLM's
+connector (>= 0.24) keeps serving past such a folder through hidden-states-folder-faults.
 """
 
 from __future__ import annotations
@@ -255,6 +256,50 @@ def test_vllms_connector_a_full_disk_loses_one_file(shim, tmp_path, caplog):
         assert load(after)["token_ids"].tolist() == SMALL
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "Hidden-states write failed for req_id=big" in text and "File too large" in text
+
+
+@needs("hidden-states-folder-faults")
+@pytest.mark.usefixtures("cpu_copies")
+def test_vllms_connector_a_folder_that_takes_no_file_fails_one_request(shim, tmp_path):
+    """vLLM >= 0.24 with hidden-states-folder-faults: the lock cannot be made, the request's
+    file is lost with a log line naming path and cause, the engine writes the next one."""
+    from test_reliability_ids import _upstream
+    from upstream_worker import extract, extraction, load
+
+    folder = tmp_path / "store"
+    folder.mkdir()
+    config, kv = _upstream(folder)
+    # On vLLM's "vllm" logger itself (ours, and the connector's in a patched vLLM, are its
+    # children): vLLM >= 0.33 keeps its loggers from caplog.
+    lines: list[str] = []
+    catch = logging.Handler(logging.ERROR)
+    catch.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    ours = logging.getLogger("vllm")
+    ours.addHandler(catch)
+    with extraction(config, kv) as ex:
+        with immutable(folder):
+            path = extract(ex, "ro", torch.randn(len(SMALL), 3, 256))["hidden_states_path"]
+            assert os.listdir(folder) == []
+        with pytest.raises(FileNotFoundError):  # vLLM's reader: no lock, no file
+            load(path)
+        after = extract(ex, "after", torch.randn(len(SMALL), 3, 256))["hidden_states_path"]
+        assert load(after)["token_ids"].tolist() == SMALL
+    ours.removeHandler(catch)
+    assert any(f"could not write {path}: " in line for line in lines), lines
+
+
+@needs("hidden-states-folder-faults")
+@pytest.mark.usefixtures("cpu_copies")
+def test_without_the_patch_a_folder_that_takes_no_file_stops_the_engine(shim, tmp_path):
+    from test_reliability_ids import _upstream
+    from upstream_worker import extract, extraction, without
+
+    folder = tmp_path / "store"
+    folder.mkdir()
+    config, kv = _upstream(folder)
+    with without("hidden-states-folder-faults"), extraction(config, kv) as ex:
+        with immutable(folder), pytest.raises(OSError):  # out of the worker's step
+            extract(ex, "ro", torch.randn(len(SMALL), 3, 256))
 
 
 # ---- a writer killed mid-write ----

@@ -61,7 +61,10 @@ FROM_022 = {
 }
 HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
 RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2
-WHOLE = {"hidden-states-whole-prompts-only"}  # 0.24+ save at request_finished
+WHOLE = {  # 0.24+ save at request_finished, and make each request's lock in wait_for_save
+    "hidden-states-whole-prompts-only",
+    "hidden-states-folder-faults",
+}
 
 
 @pytest.mark.parametrize(
