@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 ATTR = "aux_hidden_state_layers"
@@ -31,6 +32,50 @@ def add(aux: list[Any], layers: tuple[int, ...], index: int, state: Any) -> None
     """Append the residual-stream `state` for id `index` if it is asked for."""
     if index in layers:
         aux.append(state.clone() if index == 0 else state)
+
+
+def residual_forward(model: str, final_norm: str) -> Callable[..., Any]:
+    """vLLM's `<model>.forward` for a decoder stack whose layers keep a separate residual (fused
+    add-RMSNorm; Nemotron-H, LFM2, Jamba), returning `(hidden, aux)` when aux ids are set: id i
+    is `hidden + residual` after layer i-1, id 0 a copy of the embeddings, the last id before
+    `final_norm` (the stack's norm attribute). Without aux ids, vLLM's own computation."""
+
+    def forward(
+        self: Any,
+        input_ids: Any,
+        positions: Any,
+        intermediate_tensors: Any = None,
+        inputs_embeds: Any = None,
+    ) -> Any:
+        from vllm.distributed.parallel_state import get_pp_group
+        from vllm.sequence import IntermediateTensors
+
+        pp = get_pp_group()
+        if pp.is_first_rank:
+            embedded = inputs_embeds is not None
+            hidden = inputs_embeds if embedded else self.embed_input_ids(input_ids)
+            residual = None
+        else:
+            assert intermediate_tensors is not None
+            hidden = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+        wanted = layers_of(self)
+        aux: list[Any] = []
+        if pp.is_first_rank:
+            add(aux, wanted, 0, hidden)
+        for index, layer in enumerate(
+            islice(self.layers, self.start_layer, self.end_layer), start=self.start_layer + 1
+        ):
+            hidden, residual = layer(positions=positions, hidden_states=hidden, residual=residual)
+            if index in wanted:
+                add(aux, wanted, index, hidden if residual is None else hidden + residual)
+        if not pp.is_last_rank:
+            return IntermediateTensors({"hidden_states": hidden, "residual": residual})
+        hidden, _ = getattr(self, final_norm)(hidden, residual)
+        return (hidden, aux) if aux else hidden
+
+    forward.__doc__ = f"vLLM's `{model}.forward`, returning `(hidden, aux)` when aux ids are set."
+    return forward
 
 
 def replacing(func: Callable[..., Any]) -> Callable[[Any], Any]:

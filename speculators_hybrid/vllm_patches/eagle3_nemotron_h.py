@@ -14,49 +14,13 @@ Upstream: vLLM PR 43130, released in 0.22.0.
 
 from __future__ import annotations
 
-from itertools import islice
-from typing import Any
-
 from speculators_hybrid.registry import Patch, Target
-from speculators_hybrid.vllm_patches.eagle3_aux import add, eagle3_class, layers_of, replacing
+from speculators_hybrid.vllm_patches.eagle3_aux import eagle3_class, replacing, residual_forward
 
 MODULE = "vllm.model_executor.models.nemotron_h"
 
 
-def nemotron_h_forward(
-    self: Any,
-    input_ids: Any,
-    positions: Any,
-    intermediate_tensors: Any = None,
-    inputs_embeds: Any = None,
-) -> Any:
-    """vLLM's `NemotronHModel.forward`, returning `(hidden, aux)` when aux ids are set."""
-    from vllm.distributed.parallel_state import get_pp_group
-    from vllm.sequence import IntermediateTensors
-
-    pp = get_pp_group()
-    if pp.is_first_rank:
-        hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
-        residual = None
-    else:
-        assert intermediate_tensors is not None
-        hidden = intermediate_tensors["hidden_states"]
-        residual = intermediate_tensors["residual"]
-    wanted = layers_of(self)
-    aux: list[Any] = []
-    if pp.is_first_rank:
-        add(aux, wanted, 0, hidden)
-    for index, layer in enumerate(
-        islice(self.layers, self.start_layer, self.end_layer), start=self.start_layer + 1
-    ):
-        hidden, residual = layer(positions=positions, hidden_states=hidden, residual=residual)
-        if index in wanted:
-            add(aux, wanted, index, hidden if residual is None else hidden + residual)
-    if not pp.is_last_rank:
-        return IntermediateTensors({"hidden_states": hidden, "residual": residual})
-    hidden, _ = self.norm_f(hidden, residual)
-    return (hidden, aux) if aux else hidden
-
+nemotron_h_forward = residual_forward("NemotronHModel", "norm_f")
 
 PATCH = Patch(
     id="nemotron_h-eagle3",
