@@ -12,6 +12,7 @@ from speculators_hybrid import planning
 from speculators_hybrid.models import write_config
 from speculators_hybrid.vllm_patches import prefill_only
 
+pytestmark = pytest.mark.shim_only  # an opt-in of the plugin (no diff in patches/vllm)
 ENV = prefill_only.ENV
 GIB20 = 20 * 2**30
 
