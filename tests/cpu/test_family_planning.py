@@ -75,6 +75,7 @@ def _case(name: str):
     return pytest.param(name, marks=skip, id=name)
 
 
+@pytest.mark.full_tier  # a 27-47B-class config twice per preset: minutes per release
 @pytest.mark.parametrize("name", [_case(n) for n in PRESETS])
 def test_a_published_hybrid_plans_extraction_at_its_true_bytes(shim, name):
     from vllm.v1.kv_cache_interface import MambaSpec

@@ -58,6 +58,7 @@ from speculators_hybrid.vllm_patches.connector import slots_for
 from speculators_hybrid.vllm_patches.prefix_caching import OPT_IN_ENV, opt_in_allowed
 
 pytestmark = [
+    pytest.mark.full_tier,  # several engines' worth of scheduling per case: the full releases
     pytest.mark.usefixtures("cpu_copies"),
     pytest.mark.shim_only,  # the opt-in is the plugin's; the diffs in patches/ keep caching off
     pytest.mark.skipif(
