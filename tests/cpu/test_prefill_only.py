@@ -61,6 +61,7 @@ def capacity(tmp_path, on: bool, monkeypatch) -> int:
     return int(get_max_concurrency_for_kv_cache_config(config, kv) * 8192)
 
 
+@pytest.mark.full_tier  # the 27B-like config twice
 def test_capacity_is_what_the_true_bytes_allow(shim, monkeypatch, tmp_path):
     true_bytes = 76_819 + 40_960  # the model's own state and KV per token + 4 ids x 5120 x bf16
     off, on = capacity(tmp_path, False, monkeypatch), capacity(tmp_path, True, monkeypatch)

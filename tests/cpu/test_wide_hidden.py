@@ -31,7 +31,10 @@ from speculators_hybrid.vllm_patches.connector import (
 )
 from speculators_hybrid.vllm_patches.own_page import is_hidden
 
-pytestmark = needs("hidden-states-wide-group", "hidden-states-own-group")
+pytestmark = [  # the full releases of 0.20-0.21 (0.20.1, 0.21.0): real models, minutes
+    needs("hidden-states-wide-group", "hidden-states-own-group"),
+    pytest.mark.full_tier,
+]
 
 IDS = (2, 32, 61, 64)
 GIB20 = 20 << 30
