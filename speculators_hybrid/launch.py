@@ -17,12 +17,12 @@ import sys
 from speculators_hybrid.launcher import LaunchError, adjust, builtin, intercept, target
 from speculators_hybrid.launcher.command import Command
 from speculators_hybrid.versions import installed
+from speculators_hybrid.vllm_patches.prefill_only import ENV as PREFILL_ENV
 
 PROG = "speculators-hybrid launch"
 DRY_RUN = "--dry-run"
 DRY_RUN_BANNER = "Would run (--dry-run, nothing started):"
 PREFILL_ONLY = "--prefill-only"
-PREFILL_ENV = "SPECULATORS_HYBRID_PREFILL_ONLY"  # vllm_patches/prefill_only.py reads it
 
 
 def log(message: str) -> None:

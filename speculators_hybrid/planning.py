@@ -141,16 +141,9 @@ def layer_kinds(text: Any) -> list[str]:
     if unknown:
         raise ValueError(f"doctor does not plan layers of type {unknown} yet")
     state = MAMBA_TYPES.get(getattr(text, "model_type", ""), "gdn_attention")
-    return [
-        "attention"
-        if t in ATTENTION_TYPES
-        else state
-        if t in STATE_TYPES
-        else f"attention+{state}"
-        if t in BOTH_TYPES
-        else ""
-        for t in types
-    ]
+    kind = {**dict.fromkeys(ATTENTION_TYPES, "attention"), **dict.fromkeys(STATE_TYPES, state)}
+    kind.update(dict.fromkeys(BOTH_TYPES, f"attention+{state}"))
+    return [kind.get(t, "") for t in types]
 
 
 def model_layer_specs(config: Any) -> dict[str, Any]:

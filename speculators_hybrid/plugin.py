@@ -20,6 +20,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from speculators_hybrid import switches
 from speculators_hybrid.versions import installed
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ _ROLES = (
 
 
 def disabled() -> bool:
-    return os.environ.get("SPECULATORS_HYBRID_DISABLE", "").strip().lower() in ("1", "true", "yes")
+    return switches.on("SPECULATORS_HYBRID_DISABLE")
 
 
 def role() -> str:

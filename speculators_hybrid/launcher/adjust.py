@@ -11,7 +11,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from speculators_hybrid import families
+from speculators_hybrid import families, switches
 from speculators_hybrid.launcher import LaunchError
 from speculators_hybrid.launcher.command import Command
 from speculators_hybrid.launcher.target import Target, tp_error
@@ -133,7 +133,7 @@ def _plugin_checks(log: Log) -> bool:
             f"warning: {PLUGIN} is not installed as a vLLM plugin in this environment "
             "(pip install it next to vLLM), so vLLM will not load it"
         )
-    if os.environ.get("SPECULATORS_HYBRID_DISABLE", "").strip().lower() in ("1", "true", "yes"):
+    if switches.on("SPECULATORS_HYBRID_DISABLE"):
         log("warning: SPECULATORS_HYBRID_DISABLE is set: the plugin will patch nothing")
         return False
     return PLUGIN in names

@@ -25,15 +25,15 @@ CONNECTOR = "HybridHiddenStatesConnector"
 CONNECTOR_MODULE = "speculators_hybrid.vllm_patches.connector"
 
 
-def is_hybrid_extraction(config: Any) -> bool:
+def is_extraction(config: Any) -> bool:
+    """`config` (a VllmConfig) runs speculators' hidden-state extraction."""
     spec = getattr(config, "speculative_config", None)
+    return getattr(spec, "method", None) == "extract_hidden_states"
+
+
+def is_hybrid_extraction(config: Any) -> bool:
     model = getattr(config, "model_config", None)
-    return (
-        spec is not None
-        and getattr(spec, "method", None) == "extract_hidden_states"
-        and model is not None
-        and bool(model.is_hybrid)
-    )
+    return is_extraction(config) and model is not None and bool(model.is_hybrid)
 
 
 def _before_post_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -17,11 +17,12 @@ Upstream: none; a mode of this project. Remove when vLLM sizes the spare blocks 
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any
 
+from speculators_hybrid import switches
 from speculators_hybrid.registry import Patch, Target
+from speculators_hybrid.vllm_patches.hma_config import is_extraction
 
 ENV = "SPECULATORS_HYBRID_PREFILL_ONLY"
 MAMBA = "vllm.model_executor.layers.mamba.abstract"
@@ -29,18 +30,13 @@ INPUTS = "vllm.v1.engine.input_processor"
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes")
-
-
-def extracting(vllm_config: Any) -> bool:
-    spec = getattr(vllm_config, "speculative_config", None)
-    return getattr(spec, "method", None) == "extract_hidden_states"
+    return switches.on(ENV)
 
 
 def speculative_blocks(vllm_config: Any) -> int:
     """The spare state blocks a state layer reserves per request under this mode."""
     spec = getattr(vllm_config, "speculative_config", None)
-    if spec is None or (enabled() and extracting(vllm_config)):
+    if spec is None or (enabled() and is_extraction(vllm_config)):
         return 0
     return int(spec.num_speculative_tokens or 0)
 
@@ -58,7 +54,7 @@ def _spec(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     spec = wrapped(*args, **kwargs)
     vllm_config = args[0] if args else kwargs.get("vllm_config")
     spare = int(getattr(spec, "num_speculative_blocks", None) or 0)
-    if spare and enabled() and extracting(vllm_config):
+    if spare and enabled() and is_extraction(vllm_config):
         spec = replace(spec, num_speculative_blocks=0)
     return spec  # else as vLLM made it (0.33's ReplaySSM also drops the spare blocks)
 
@@ -67,7 +63,7 @@ def _validate(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     from vllm import SamplingParams
 
     params = args[0] if args else kwargs.get("params")
-    if enabled() and extracting(instance.vllm_config) and isinstance(params, SamplingParams):
+    if enabled() and is_extraction(instance.vllm_config) and isinstance(params, SamplingParams):
         why = refusal(params.max_tokens)
         if why:
             raise ValueError(why)

@@ -34,11 +34,11 @@ Upstream: none yet.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from packaging.version import Version
 
+from speculators_hybrid import switches
 from speculators_hybrid.registry import Patch, Target, base_version
 from speculators_hybrid.vllm_patches.hma_config import is_hybrid_extraction
 
@@ -48,7 +48,7 @@ FIRST_OPT_IN = Version("0.24")  # 0.22-0.23: the connector refuses chunked prefi
 
 
 def opted_in() -> bool:
-    return os.environ.get(OPT_IN_ENV, "").strip().lower() in ("1", "true", "yes")
+    return switches.on(OPT_IN_ENV)
 
 
 def opt_in_allowed(version: str | None) -> bool:

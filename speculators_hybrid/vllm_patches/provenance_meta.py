@@ -12,6 +12,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from speculators_hybrid import switches
+
 if TYPE_CHECKING:
     import torch
     from vllm.config import VllmConfig
@@ -24,7 +26,7 @@ GUARD_KEY = "refuse_bad_hidden_states"  # in kv_connector_extra_config
 
 def opted_in(extra_config: Any, key: str, env: str) -> bool:
     """`kv_connector_extra_config[key]` or the variable `env` set to 1/true/yes."""
-    flag = str(os.environ.get(env, "")).strip().lower() in ("1", "true", "yes")
+    flag = switches.on(env)
     return flag or bool(extra_config(key, False))
 
 
