@@ -6,7 +6,7 @@ allow, and any request that would decode is refused before the scheduler (vLLM's
 from __future__ import annotations
 
 import pytest
-from conftest import engine_config
+from conftest import NO_CHUNKED_PREFILL, engine_config
 
 from speculators_hybrid import planning
 from speculators_hybrid.models import write_config
@@ -55,7 +55,12 @@ def capacity(tmp_path, on: bool, monkeypatch) -> int:
 
     monkeypatch.setenv(ENV, "1" if on else "0")
     folder = write_config(tmp_path / ("on" if on else "off"), "qwen3.6-27b-like")
-    setup = planning.Setup(model=str(folder), max_model_len=8192, max_num_batched_tokens=16384)
+    setup = planning.Setup(
+        model=str(folder),
+        max_model_len=8192,
+        max_num_batched_tokens=16384,
+        chunked_prefill=False if NO_CHUNKED_PREFILL else None,  # 0.22-0.23 refuse it
+    )
     config = planning.engine_config(setup)
     kv = planning.plan(config, planning.layer_specs(config), GIB20)
     return int(get_max_concurrency_for_kv_cache_config(config, kv) * 8192)
