@@ -187,8 +187,6 @@ def preflight(target: Any, ids: tuple[int, ...] | None, tp: int) -> tuple[int, .
 
 def warnings_for(setup: planning.Setup, plans: dict[str, Plan]) -> list[str]:
     out = []
-    if setup.chunked_prefill is False:
-        out.append("this vLLM refuses chunked prefill with the connector: planned without it.")
     shim = plans["shim"]
     if setup.prefix_caching and shim.ok and not shim.prefix_caching:
         out.append("prefix caching was asked for and is turned off for hybrid extraction here.")
@@ -203,17 +201,6 @@ def warnings_for(setup: planning.Setup, plans: dict[str, Plan]) -> list[str]:
             "are not sharded, so each rank holds all of them (block sizes above are per rank)."
         )
     return out
-
-
-def _refuses_chunked(version: str | None) -> bool:
-    """vLLM 0.22-0.23 refuse the hidden-states connector with chunked prefill (`launch` too)."""
-    from packaging.version import Version
-
-    from speculators_hybrid.launcher.adjust import STOCK_REFUSES_CHUNKED
-    from speculators_hybrid.registry import base_version
-
-    first, fixed = STOCK_REFUSES_CHUNKED
-    return version is not None and first <= Version(str(base_version(version))) < fixed
 
 
 def report(
@@ -236,7 +223,6 @@ def report(
         tp=tp,
         prefix_caching=prefix_caching,
         max_model_len=max_model_len,
-        chunked_prefill=False if _refuses_chunked(installed("vllm")) else None,
         max_num_batched_tokens=max_num_batched_tokens,
     )
     memory = int(memory_gib * GIB)

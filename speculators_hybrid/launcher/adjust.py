@@ -15,6 +15,7 @@ from speculators_hybrid import families, switches
 from speculators_hybrid.launcher import LaunchError
 from speculators_hybrid.launcher.command import Command
 from speculators_hybrid.launcher.target import Target, tp_error
+from speculators_hybrid.vllm_patches.chunked_prompts import PATCH as CHUNKED_PROMPTS
 from speculators_hybrid.vllm_patches.extraction_input import id_problems as id_problems
 from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error
 from speculators_hybrid.vllm_patches.hidden_read import PATCH as READ_SLOTS
@@ -70,8 +71,11 @@ def _plugins_env(env: dict[str, str], log: Log) -> dict[str, str] | None:
     return {**env, "VLLM_PLUGINS": new}
 
 
-def _writes_env(env: dict[str, str], vllm: str | None, log: Log) -> dict[str, str] | None:
-    """Files off the engine step unless a reader here would not wait for them (README)."""
+def _writes_env(
+    env: dict[str, str], vllm: str | None, ours: bool, log: Log
+) -> dict[str, str] | None:
+    """Files off the engine step unless a reader here would not wait for them (README).
+    `ours`: our connector writes them (vLLM < 0.22; 0.22-0.23 with chunked prefill)."""
     v = _version(vllm)
     if v is None or ASYNC_ENV in env:
         return None
@@ -80,7 +84,7 @@ def _writes_env(env: dict[str, str], vllm: str | None, log: Log) -> dict[str, st
     except metadata.PackageNotFoundError:
         reader = None
     waits = reader is None or reader >= FIRST_WAITING_READER
-    if v >= OWN_CONNECTOR_BEFORE:
+    if v >= OWN_CONNECTOR_BEFORE and not ours:
         if not waits:
             log(
                 f"warning: speculators {reader} reads hidden-state files without waiting for "
@@ -104,11 +108,13 @@ def _writes_env(env: dict[str, str], vllm: str | None, log: Log) -> dict[str, st
 
 def caching_kept(user_args: list[str], vllm: str | None) -> bool:
     """The user asked for prefix caching where our patch would turn it off and may keep it
-    (vllm_patches/prefix_caching.py: the opt-in, vLLM >= 0.24)."""
+    (vllm_patches/prefix_caching.py: the opt-in; on 0.22-0.23 with our connector, which an
+    explicit --no-enable-chunked-prefill leaves out)."""
     return (
         "--enable-prefix-caching" in user_args
         and NO_PREFIX_CACHING.needed_for(vllm)
         and opt_in_allowed(vllm)
+        and not (_refuses_chunked(vllm) and NO_CHUNKED_PREFILL in user_args)
     )
 
 
@@ -176,7 +182,7 @@ def vllm_notes(
             f"vLLM {version}: the plugin turns prefix caching off for hybrid extraction "
             f"(cache hits gave wrong hidden states; {NO_PREFIX_CACHING.id})"
         )
-    elif STOCK_REFUSES_CHUNKED[0] <= v < STOCK_REFUSES_CHUNKED[1]:
+    elif _refuses_chunked(version):
         notes.append(
             f"warning: vLLM {version} cannot extract from a hybrid target with prefix caching: "
             "mamba 'align' mode needs chunked prefill, the connector refuses it"
@@ -189,11 +195,13 @@ def vllm_notes(
     return notes
 
 
-def chunked_prefill(argv: list[str], user_args: list[str], vllm: str | None, log: Log) -> list[str]:
-    """Drop the launcher-forced --no-enable-chunked-prefill, except on vLLM 0.22-0.23, whose
-    stock connector refuses chunked prefill (there it is added if missing)."""
-    v = _version(vllm)
-    if v is not None and STOCK_REFUSES_CHUNKED[0] <= v < STOCK_REFUSES_CHUNKED[1]:
+def chunked_prefill(
+    argv: list[str], user_args: list[str], vllm: str | None, plugin: bool, log: Log
+) -> list[str]:
+    """Drop the launcher-forced --no-enable-chunked-prefill, except on vLLM 0.22-0.23 without
+    the plugin: their stock connector refuses chunked prefill (there it is added if missing).
+    With the plugin, our connector takes chunked prompts there (hidden-states-chunked-prompts)."""
+    if _refuses_chunked(vllm) and not (plugin and CHUNKED_PROMPTS.needed_for(vllm)):
         if NO_CHUNKED_PREFILL not in argv and "--enable-chunked-prefill" not in user_args:
             argv.append(NO_CHUNKED_PREFILL)
             log(
@@ -208,6 +216,12 @@ def chunked_prefill(argv: list[str], user_args: list[str], vllm: str | None, log
             "hybrid target vLLM uses the mamba 'align' cache mode, which needs chunked prefill"
         )
     return argv
+
+
+def _refuses_chunked(vllm: str | None) -> bool:
+    """vLLM's own connector refuses chunked prefill in this release (0.22-0.23)."""
+    v = _version(vllm)
+    return v is not None and STOCK_REFUSES_CHUNKED[0] <= v < STOCK_REFUSES_CHUNKED[1]
 
 
 def _align_check(argv: list[str], target: Target, batched: int) -> dict[str, Any]:
@@ -292,7 +306,8 @@ def for_hybrid(
     check_layer_ids(cmd.layer_ids(), target)
     check_family(target, vllm)
     check_tp(cmd, target)
-    argv = chunked_prefill(list(cmd.argv), user_args, vllm, log)
+    plugin = _plugin_checks(log)
+    argv = chunked_prefill(list(cmd.argv), user_args, vllm, plugin, log)
     if target.multimodal and not any(
         "language-model-only" in a or "language_model_only" in a for a in argv
     ):
@@ -304,13 +319,13 @@ def for_hybrid(
                 f"multimodal checkpoint: added {LANGUAGE_ONLY}, the vision tower is not built; "
                 f"layer ids come from text_config (n = {target.num_layers})"
             )
-    plugin = _plugin_checks(log)
     for note in vllm_notes(vllm, argv, target, plugin, caching_kept(user_args, vllm)):
         log(note)
     argv = align_mode_batch(argv, user_args, vllm, target, plugin, log)
     env = dict(cmd.env if cmd.env is not None else os.environ)
     changed = _plugins_env(env, log)
-    changed = _writes_env(changed or env, vllm, log) or changed
+    ours = plugin and CHUNKED_PROMPTS.needed_for(vllm) and NO_CHUNKED_PREFILL not in argv
+    changed = _writes_env(changed or env, vllm, ours, log) or changed
     if plugin:
         changed = _caching_env(changed or env, user_args, vllm, log) or changed
     return replace(cmd, argv=argv, env=changed if changed is not None else cmd.env)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from speculators_hybrid.registry import Patch
 from speculators_hybrid.vllm_patches import (
+    chunked_prompts,
     eagle3_falcon_h1,
     eagle3_granite,
     eagle3_jamba,
@@ -37,6 +38,7 @@ PATCHES: tuple[Patch, ...] = (
     llm_wait.PATCH,
     engine_block.PATCH,
     prefix_caching.PATCH,
+    chunked_prompts.PATCH,  # after prefix_caching: wraps outside it, names our connector first
     prefix_hit.PATCH,
     hidden_read.PATCH,
     hidden_read.PAD_PATCH,

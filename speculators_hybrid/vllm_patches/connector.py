@@ -128,11 +128,14 @@ def hidden_group_index(kv_cache_config: KVCacheConfig | None) -> int:
 
     if kv_cache_config is None:
         raise ValueError("HybridHiddenStatesConnector needs the KV cache config")
+    from vllm.v1 import kv_cache_interface
+
     from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec
 
+    marks = (HiddenStatesCacheSpec, getattr(kv_cache_interface, "HiddenStateCacheSpec", ()))
     groups = kv_cache_config.kv_cache_groups
     for i, group in enumerate(groups):
-        if isinstance(group.kv_cache_spec, HiddenStatesCacheSpec):
+        if isinstance(group.kv_cache_spec, marks):  # ours (< 0.22) or vLLM's (>= 0.22)
             return i
     # Without our planner patch (non-hybrid target): the only MLA-style group.
     mla = [i for i, g in enumerate(groups) if type(g.kv_cache_spec) is MLAAttentionSpec]

@@ -36,19 +36,27 @@ def is_hybrid_extraction(config: Any) -> bool:
     return is_extraction(config) and model is not None and bool(model.is_hybrid)
 
 
+def name_our_connector(config: Any, why: str) -> bool:
+    """Hybrid extraction with the stock connector (no module path of the user's): name ours
+    (same file contract) in its place. Whether this is hybrid extraction with a connector."""
+    transfer = getattr(config, "kv_transfer_config", None)
+    if transfer is None or not is_hybrid_extraction(config):
+        return False
+    if transfer.kv_connector == STOCK_CONNECTOR and not transfer.kv_connector_module_path:
+        transfer.kv_connector = CONNECTOR
+        transfer.kv_connector_module_path = CONNECTOR_MODULE
+        logger.info(
+            "speculators-hybrid: hybrid target, using %s.%s (%s; same file contract) for %s",
+            CONNECTOR_MODULE,
+            CONNECTOR,
+            why,
+            STOCK_CONNECTOR,
+        )
+    return True
+
+
 def _before_post_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    transfer = getattr(instance, "kv_transfer_config", None)
-    if transfer is not None and is_hybrid_extraction(instance):
-        if transfer.kv_connector == STOCK_CONNECTOR and not transfer.kv_connector_module_path:
-            transfer.kv_connector = CONNECTOR
-            transfer.kv_connector_module_path = CONNECTOR_MODULE
-            logger.info(
-                "speculators-hybrid: hybrid target, using %s.%s (multi-group, same file "
-                "contract) for %s",
-                CONNECTOR_MODULE,
-                CONNECTOR,
-                STOCK_CONNECTOR,
-            )
+    if name_our_connector(instance, "multi-group"):
         scheduler = instance.scheduler_config
         if scheduler.disable_hybrid_kv_cache_manager is None:
             from vllm.platforms import current_platform

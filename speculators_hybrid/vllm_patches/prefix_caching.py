@@ -13,21 +13,22 @@ Root cause (vLLM 0.24-0.26), found since: the scheduler resumed a hit where the 
 layers had state but the GDN layers had not; hidden-states-consistent-prefix-hit (prefix_hit.py)
 fixes that. This patch stays until a GPU run shows matching hidden states with the fix.
 Opt-in (issue 17): SPECULATORS_HYBRID_PREFIX_CACHING=1 (`launch` sets it when the user passes
---enable-prefix-caching) keeps prefix caching on, with a warning, on vLLM >= 0.24. Proven so
-far on the CPU: a hit resumes where the GDN layers saved state (tests/cpu/test_prefix_hit.py
-with prefix_hit.py on 0.24-0.28, test_prefix_hit_fixed.py stock from 0.27); and the file vLLM's
-connector writes after a hit holds every prompt token, each row read from the slot its token's
-row was written to, equal to an uncached run's file (tests/cpu/test_prefix_hit_file.py: vLLM's
-scheduler, prefix cache and both connector sides with the opt-in, shared prefixes below a block,
-block multiples, across step ends, whole-prompt repeats; 0.24.0, 0.25.0, 0.26.0, 0.27.0, 0.28.0,
-0.29.0, 0.30.0, 0.31.0, 0.32.0, 0.33.0). vLLM issue 44485 (a file of only the newly computed
-tokens) is the 0.22-0.23 connector's read in the forward pass; from 0.24 it reads the whole
-block table and it does not reproduce. Not yet proven: any GPU run (0.24.0, 0.25.0: tests/gpu
-with prefix caching on, hits across chunk boundaries, every file within the calibrated floor);
-the CPU test's model is a stand-in, so it cannot see the attention or GDN state a hit resumes
-from (0.32+ hit on the hidden group's 20-token hash block, inside an attention block). On
-0.22-0.23 the opt-in is refused (still off): vLLM's connector refuses chunked prefill there,
-which Mamba 'align' mode needs. The range narrows release by release as those proofs hold.
+--enable-prefix-caching) keeps prefix caching on, with a warning. Proven so far on the CPU: a
+hit resumes where the GDN layers saved state (tests/cpu/test_prefix_hit.py with prefix_hit.py
+on 0.24-0.28, test_prefix_hit_fixed.py stock from 0.27); and the file written after a hit holds
+every prompt token, each row read from the slot its token's row was written to, equal to an
+uncached run's file (tests/cpu/test_prefix_hit_file.py: vLLM's scheduler, prefix cache and both
+connector sides with the opt-in, shared prefixes below a block, block multiples, across step
+ends, whole-prompt repeats; 0.22.1, 0.23.0 with our connector, which hidden-states-chunked-
+prompts names there since vLLM's refuses the chunked prefill that Mamba 'align' mode needs;
+0.24.0-0.33.0 with vLLM's). vLLM issue 44485 (a file of only the newly computed tokens) is the
+0.22-0.23 connector's read in the forward pass, which a hybrid model with a hit never reaches;
+from 0.24 vLLM's reads the whole block table and it does not reproduce. Not yet proven: any GPU
+run (0.24.0, 0.25.0: tests/gpu with prefix caching on, hits across chunk boundaries, every file
+within the calibrated floor); the CPU test's model is a stand-in, so it cannot see the attention
+or GDN state a hit resumes from (0.32+ hit on the hidden group's 20-token hash block, inside an
+attention block). With --no-enable-chunked-prefill on 0.22-0.23 the opt-in is refused (vLLM's
+connector stays). The range narrows release by release as those proofs hold.
 Upstream: none yet.
 """
 
@@ -40,11 +41,28 @@ from packaging.version import Version
 
 from speculators_hybrid import switches
 from speculators_hybrid.registry import Patch, Target, base_version
-from speculators_hybrid.vllm_patches.hma_config import is_hybrid_extraction
+from speculators_hybrid.vllm_patches.hma_config import CONNECTOR, is_hybrid_extraction
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 OPT_IN_ENV = "SPECULATORS_HYBRID_PREFIX_CACHING"
-FIRST_OPT_IN = Version("0.24")  # 0.22-0.23: the connector refuses chunked prefill
+FIRST_OPT_IN = Version("0.22")
+STOCK_TAKES_CHUNKS = Version("0.24")  # 0.22-0.23: only our connector (chunked_prompts.py)
+
+# VllmConfig.__post_init__, which other patches wrap too (chunked_prompts.py)
+POST_INIT_FINGERPRINTS = (
+    "001a72ffb02dddaf",  # 0.22.0-0.22.1
+    "a0518c753537dae1",  # 0.24.0
+    "ed3a733f270eba53",  # 0.25.0-0.25.1
+    "38fbe3c6e8976849",  # 0.29.0
+    "664c26a2b4f177f6",  # 0.33.0
+    "8583df23984206bf",  # 0.23.0
+    "393699e663fc0710",  # 0.26.0
+    "d6977c46ecfcd821",  # 0.27.0-0.27.1
+    "1969c7f5d3ea7f03",  # 0.28.0
+    "eae90b3ca094c338",  # 0.30.0
+    "f7c2967b5256a6a3",  # 0.31.0
+    "7623a01408c594f0",  # 0.32.0
+)
 
 
 def opted_in() -> bool:
@@ -55,12 +73,23 @@ def opt_in_allowed(version: str | None) -> bool:
     return version is not None and Version(str(base_version(version))) >= FIRST_OPT_IN
 
 
+def _takes_chunks(config: Any) -> bool:
+    """Chunked prefill, which a hybrid model's prefix caching needs, works with this config's
+    connector: vLLM's from 0.24, ours on 0.22-0.23 (named there by hidden-states-chunked-prompts,
+    which wraps outside this patch)."""
+    import vllm
+
+    transfer = getattr(config, "kv_transfer_config", None)
+    ours = transfer is not None and transfer.kv_connector == CONNECTOR
+    return ours or Version(str(base_version(vllm.__version__))) >= STOCK_TAKES_CHUNKS
+
+
 def _caching_off(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     cache = getattr(instance, "cache_config", None)
     if cache is not None and cache.enable_prefix_caching and is_hybrid_extraction(instance):
         import vllm
 
-        if opted_in() and opt_in_allowed(vllm.__version__):
+        if opted_in() and opt_in_allowed(vllm.__version__) and _takes_chunks(instance):
             logger.warning(
                 "speculators-hybrid: prefix caching kept on for hidden-state extraction from a "
                 "hybrid model, as %s asks: on vLLM %s files after a cache hit are not yet proven "
@@ -71,8 +100,8 @@ def _caching_off(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             return wrapped(*args, **kwargs)
         if opted_in():
             logger.warning(
-                "speculators-hybrid: %s is ignored on vLLM %s: its connector refuses chunked "
-                "prefill, which prefix caching of a hybrid model needs",
+                "speculators-hybrid: %s is ignored on vLLM %s: its stock connector refuses "
+                "chunked prefill, which prefix caching of a hybrid model needs",
                 OPT_IN_ENV,
                 vllm.__version__,
             )
@@ -96,20 +125,7 @@ PATCH = Patch(
             "vllm.config.vllm",
             "VllmConfig.__post_init__",
             _caching_off,
-            (
-                "001a72ffb02dddaf",  # 0.22.0-0.22.1
-                "a0518c753537dae1",  # 0.24.0
-                "ed3a733f270eba53",  # 0.25.0-0.25.1
-                "38fbe3c6e8976849",  # 0.29.0
-                "664c26a2b4f177f6",  # 0.33.0
-                "8583df23984206bf",  # 0.23.0
-                "393699e663fc0710",  # 0.26.0
-                "d6977c46ecfcd821",  # 0.27.0-0.27.1
-                "1969c7f5d3ea7f03",  # 0.28.0
-                "eae90b3ca094c338",  # 0.30.0
-                "f7c2967b5256a6a3",  # 0.31.0
-                "7623a01408c594f0",  # 0.32.0
-            ),
+            POST_INIT_FINGERPRINTS,
         ),
     ),
 )

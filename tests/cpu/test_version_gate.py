@@ -15,6 +15,7 @@ PAD_SLOTS = "hidden-states-pad-slots"  # 0.22-0.24; 0.25.0 clamps padding to the
 READ_SLOTS = "hidden-states-read-slots"  # 0.24.x only
 RUNNER_V1 = "hybrid-extraction-on-model-runner-v1"  # 0.29+ pick Model Runner V2
 WHOLE = "hidden-states-whole-prompts-only"  # 0.24+ save at request_finished
+CHUNKS = "hidden-states-chunked-prompts"  # 0.22-0.23: our connector where the stock one refuses
 BEFORE_022 = {
     TEXT_ONLY,
     "keep-hma-for-extraction",
@@ -43,9 +44,9 @@ NEEDED = {
     "0.20.1": BEFORE_022,
     "0.20.2": BEFORE_022,
     "0.21.0": BEFORE_022,
-    "0.22.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS},
-    "0.22.1": FROM_022 | {TEXT_ONLY, PAD_SLOTS},
-    "0.23.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS},  # reads as 0.22 does: no READ_SLOTS
+    "0.22.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS},
+    "0.22.1": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS},
+    "0.23.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS},  # reads as 0.22 does: no READ_SLOTS
     "0.24.0": FROM_022 | {WHOLE} | {TEXT_ONLY, PAD_SLOTS, READ_SLOTS, PREFIX_HIT},
     "0.25.0": FROM_022 | {WHOLE} | {TEXT_ONLY, PREFIX_HIT},
     "0.25.1": FROM_022 | {WHOLE} | {TEXT_ONLY, PREFIX_HIT},

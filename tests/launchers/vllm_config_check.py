@@ -1,5 +1,6 @@
 """Give a `vllm serve` argv (JSON in argv[1]) to the installed vLLM's own CLI parser and config
-code on the CPU; print `OK ...` or `FAIL ...`. Checks flags, not KV planning or serving."""
+code on the CPU; print `OK ...` or `FAIL ...`. Checks flags, not KV planning or serving.
+vLLM's plugins are loaded as the server loads them (ours is off with SPECULATORS_HYBRID_DISABLE)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from speculators_hybrid import cpu
 cpu.prepare()
 
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.plugins import load_general_plugins  # noqa: E402
+
+load_general_plugins()  # ours, unless SPECULATORS_HYBRID_DISABLE is set
 
 try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser

@@ -197,9 +197,12 @@ def test_dry_run_output_of_a_hybrid_multimodal_target(targets, capsys):
 
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("version", ["0.22.0", "0.23.0"])
-def test_vllm_022_023_keep_chunked_prefill_off_for_hybrids(source, version, targets, monkeypatch):
+def test_vllm_022_023_keep_chunked_prefill_off_without_the_plugin(
+    source, version, targets, monkeypatch
+):
     """There the stock connector refuses chunked prefill, whatever the launcher."""
     vllm(version, monkeypatch)
+    monkeypatch.setenv("SPECULATORS_HYBRID_DISABLE", "1")
     model = targets["hybrid-text"]
     cmd, _ = launch.plan(with_launcher(source, [str(model)]))
     assert cmd.argv == stock("main", model, [2, 4, 5, 8]) + ["--no-enable-chunked-prefill"]
@@ -208,9 +211,13 @@ def test_vllm_022_023_keep_chunked_prefill_off_for_hybrids(source, version, targ
     assert plain.argv == stock(expected, targets["plain"], [2, 4, 5, 8])  # stock, as always
 
 
-@pytest.mark.parametrize("version", ["0.20.1", "0.21.0", "0.24.0", "0.25.0", "0.33.0", None])
-def test_other_vllm_versions_drop_the_forced_flag(version, targets, monkeypatch):
+@pytest.mark.parametrize(
+    "version", ["0.20.1", "0.21.0", "0.22.0", "0.23.0", "0.24.0", "0.25.0", "0.33.0", None]
+)
+def test_with_the_plugin_every_release_drops_the_forced_flag(version, targets, monkeypatch):
+    """On 0.22-0.23 our connector takes chunked prompts (hidden-states-chunked-prompts)."""
     vllm(version, monkeypatch)
+    monkeypatch.setattr(adjust, "_plugin_checks", lambda log: True)  # installed, not disabled
     model = targets["hybrid-text"]
     cmd, _ = launch.plan(["--launcher", str(GENERATIONS["0.6.x"]), str(model)])
     assert cmd.argv == stock("main", model, [2, 4, 5, 8])
@@ -226,13 +233,13 @@ def test_vllm_before_020_gets_no_language_model_only(targets, monkeypatch, capsy
 
 KNOWN_PROBLEMS = [  # (vLLM, vLLM args, the warning without the plugin, the note with it)
     ("0.24.0", [], "all-zero hidden states", "hidden-states-read-slots keeps"),
-    # An explicit --enable-prefix-caching is the opt-in (issue 17) from 0.24: kept, with a word.
+    # An explicit --enable-prefix-caching is the opt-in (issue 17) from 0.22: kept, with a word.
     ("0.25.0", ["--enable-prefix-caching"], "hash_block_size", "the plugin keeps it on"),
     (
         "0.22.1",
         ["--enable-prefix-caching"],
         "cannot extract from a hybrid",
-        "turns prefix caching off",
+        "the plugin keeps it on",
     ),
 ]
 

@@ -1,6 +1,8 @@
 """The adjusted command against the installed vLLM's own CLI parser and config validation (CPU,
 in a subprocess; runs in the tox envs that have vLLM). The plugin is switched off there: this
-checks the flags we add or drop, not the KV-cache patches."""
+checks the flags we add or drop, not the KV-cache patches; except on vLLM 0.22-0.23, where the
+dropped --no-enable-chunked-prefill is accepted through our plugin
+(hidden-states-chunked-prompts)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from packaging.version import Version  # noqa: E402
 from speculators_hybrid import launch  # noqa: E402
 from speculators_hybrid.launcher.adjust import FIRST_LANGUAGE_ONLY  # noqa: E402
 from speculators_hybrid.versions import installed  # noqa: E402
+from speculators_hybrid.vllm_patches.chunked_prompts import PATCH as CHUNKED_PROMPTS  # noqa: E402
 
 pytest.importorskip("vllm")
 pytest.importorskip("transformers")
@@ -26,6 +29,8 @@ pytest.importorskip("transformers")
 
 def vllm_accepts(argv: list[str]) -> dict:
     env = {**os.environ, "SPECULATORS_HYBRID_DISABLE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
+    if CHUNKED_PROMPTS.needed_for(installed("vllm")):
+        del env["SPECULATORS_HYBRID_DISABLE"]
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     proc = subprocess.run(
         [sys.executable, str(HERE / "vllm_config_check.py"), json.dumps(argv)],

@@ -72,7 +72,10 @@ WHOLE = {  # 0.24+ save at request_finished, and make each request's lock in wai
     [
         ("0.20.1", EVERY | BEFORE_022),
         ("0.21.0", EVERY | BEFORE_022),
-        ("0.22.0", EVERY | FROM_022 | {"hidden-states-pad-slots"}),
+        (
+            "0.22.0",
+            EVERY | FROM_022 | {"hidden-states-pad-slots", "hidden-states-chunked-prompts"},
+        ),
         (
             "0.24.0",
             EVERY
