@@ -15,12 +15,13 @@ import sys
 
 from speculators_hybrid.plugin import disabled
 from speculators_hybrid.registry import Patch, Patcher
-from speculators_hybrid.speculators_patches import verifier_norm
+from speculators_hybrid.speculators_patches import verifier_logit_scale, verifier_norm
 from speculators_hybrid.versions import installed
 
 PATCHES: tuple[Patch, ...] = (
     verifier_norm.EAGLE3,
     verifier_norm.DFLASH,
+    verifier_logit_scale.PATCH,
 )
 
 PATCHER = Patcher(version_of=installed)

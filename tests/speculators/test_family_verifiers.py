@@ -31,6 +31,9 @@ from tiny_models import (
 # (and transformers 5.14 writes `backbone.embedding.weight`): `embed_tokens.weight` is not found
 # and `_load_verifier_weights` raises KeyError.
 NEMOTRON_UNREAD = VERSION < Version("0.9.0")
+# speculators 0.5.0 asks for exactly `model.norm.weight`: Falcon-H1 and Jamba
+# (`model.final_layernorm`) and LFM2 (`model.embedding_norm`) give no match (ValueError).
+FINAL_NORM_UNREAD = ("falcon_h1", "jamba", "lfm2") if VERSION < Version("0.6.0") else ()
 # model_type -> the factor transformers applies to lm_head(norm(h)) that speculators leaves out
 LOGIT_SCALE = {
     "granitemoehybrid": 1 / GRANITE_H_TINY_SCALES["logits_scaling"],
@@ -93,13 +96,15 @@ def _xfail(request, reason: str, raises: type[BaseException] | None = None) -> N
     request.applymarker(pytest.mark.xfail(strict=True, reason=reason, raises=raises))
 
 
-def _nemotron_unread(request, model_type: str) -> None:
+def _unread(request, model_type: str) -> None:
     if model_type == "nemotron_h" and NEMOTRON_UNREAD:
         _xfail(
             request,
             "speculators < 0.9.0 finds no embed_tokens.weight in backbone.* (KeyError)",
             KeyError,
         )
+    elif model_type in FINAL_NORM_UNREAD:
+        _xfail(request, "speculators 0.5.0 finds no model.norm.weight (ValueError)", ValueError)
 
 
 def _drafter(ref: Reference, algorithm: str):
@@ -112,7 +117,7 @@ def _drafter(ref: Reference, algorithm: str):
 @pytest.mark.parametrize("model_type", HYBRID)
 def test_verifier_weights_are_the_models_own(unpatched, request, family, algorithm, model_type):
     """Embeddings, lm_head (tied: the embeddings) and final norm, from the saved checkpoint."""
-    _nemotron_unread(request, model_type)
+    _unread(request, model_type)
     ref = family(model_type)
     model = _drafter(ref, algorithm)
     assert torch.equal(model.embed_tokens.weight, ref.model.get_input_embeddings().weight)
@@ -128,7 +133,7 @@ def test_verifier_weights_are_the_models_own(unpatched, request, family, algorit
 def test_verifier_norm_equals_the_final_norm(request, family, algorithm, model_type, mode, dtype):
     """speculators' `verifier_norm` against the family's own final-norm module, bit for bit."""
     _mode(request, mode)
-    _nemotron_unread(request, model_type)
+    _unread(request, model_type)
     if model_type == "qwen3_next" and mode == "speculators":
         _xfail(request, "speculators applies x * w; Qwen3-Next's final norm is x * (1 + w)")
     elif model_type == "nemotron_h" and dtype == torch.bfloat16:
@@ -160,8 +165,8 @@ def test_target_logits_equal_the_models(request, family, algorithm, model_type, 
     """`verifier_lm_head(verifier_norm(h))` on the model's last pre-norm hidden state `h` (what
     speculators turns into training targets) against transformers' logits for the same tokens."""
     _mode(request, mode)
-    _nemotron_unread(request, model_type)
-    if model_type in LOGIT_SCALE:
+    _unread(request, model_type)
+    if model_type in LOGIT_SCALE and mode == "speculators":
         _xfail(request, f"speculators leaves out the logits x {LOGIT_SCALE[model_type]:.6g}")
     elif model_type == "qwen3_next" and mode == "speculators":
         _xfail(request, "speculators applies x * w; Qwen3-Next's final norm is x * (1 + w)")
@@ -172,11 +177,42 @@ def test_target_logits_equal_the_models(request, family, algorithm, model_type, 
     torch.testing.assert_close(ours, ref.logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("model_type", sorted(LOGIT_SCALE))
-def test_the_left_out_logit_scale_is_the_whole_gap(unpatched, family, algorithm, model_type):
-    """Today's behaviour (goes with the xfails above): speculators' logits are transformers'
-    divided by the family's scale, so every training target is sharper than the model's."""
+def test_patched_head_gives_the_models_logits_bit_for_bit(
+    patched, request, family, algorithm, model_type, dtype
+):
+    """With `verifier-logit-scale`, the verifier head on the model's own final-norm output gives
+    transformers' logits exactly (matmul, then the scale, as the model computes them), in fp32
+    and with the whole model in bf16; the drafter's own lm_head stays unscaled."""
+    _unread(request, model_type)
+    ref = family(model_type)
+    model = _drafter(ref, algorithm)
+    head = copy.deepcopy(model.verifier_lm_head).to(dtype)
+    seen: dict = {}
+    theirs = copy.deepcopy(ref.model).to(dtype)
+    hook = final_norm(theirs).register_forward_hook(lambda _m, _a, out: seen.update(post=out))
+    with torch.no_grad():
+        logits = theirs(ref.ids, use_cache=False).logits
+        hook.remove()
+        ours = head(seen["post"])
+        assert ours.dtype == logits.dtype == dtype
+        assert torch.equal(ours, logits)
+        plain = model.lm_head(ref.post_norm)  # the drafter's head: the bare matmul
+    assert type(model.lm_head) is torch.nn.Linear
+    assert torch.equal(plain, torch.nn.functional.linear(ref.post_norm, model.lm_head.weight))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("model_type", sorted(LOGIT_SCALE))
+def test_the_left_out_logit_scale_is_the_whole_gap(
+    unpatched, request, family, algorithm, model_type
+):
+    """Without `verifier-logit-scale` (goes with the xfails above): speculators' logits are
+    transformers' divided by the family's scale, so every training target is sharper than the
+    model's."""
+    _unread(request, model_type)
     ref = family(model_type)
     model = _drafter(ref, algorithm)
     with torch.no_grad():
@@ -192,7 +228,7 @@ def test_embeddings_are_the_unscaled_table(unpatched, request, family, model_typ
     """speculators embeds draft inputs with the bare table (as vLLM's `embed_input_ids` gives
     the drafter); the model's layer 0 sees them times `embedding_multiplier` (Granite, Falcon-H1),
     which EAGLE-3's first draft layer normalises away."""
-    _nemotron_unread(request, model_type)
+    _unread(request, model_type)
     ref = family(model_type)
     model = _drafter(ref, ALGORITHMS[0])
     with torch.no_grad():
