@@ -127,10 +127,11 @@ def _base_config(
     prefix_caching: bool,
     shim_on: bool,
     max_model_len: int,
+    chunked_prefill: bool | None,
 ):
     set_shim(shim_on)
     setup = planning.Setup(
-        chunked_prefill=False if NO_CHUNKED_PREFILL else None,
+        chunked_prefill=chunked_prefill,
         model=model_dir(preset),
         layer_ids=ids,
         prefix_caching=prefix_caching,
@@ -145,10 +146,15 @@ def engine_config(
     prefix_caching: bool = False,
     tp: int = 1,
     max_model_len: int = 262144,
+    chunked_prefill: bool | None = False if NO_CHUNKED_PREFILL else None,
 ):
-    """A fresh copy of a real VllmConfig, built with the shim as it is now (cached: seconds)."""
+    """A fresh copy of a real VllmConfig, built with the shim as it is now (cached: seconds).
+    `chunked_prefill` None: vLLM's default (on); off by default where vLLM's connector refuses
+    it (0.22-0.23: with it on there, the shim names our connector)."""
     shim_on = PATCHER.active
-    config = copy.deepcopy(_base_config(preset, ids, prefix_caching, shim_on, max_model_len))
+    config = copy.deepcopy(
+        _base_config(preset, ids, prefix_caching, shim_on, max_model_len, chunked_prefill)
+    )
     set_shim(shim_on)
     config.parallel_config.tensor_parallel_size = tp
     return config
@@ -231,6 +237,17 @@ def host_answers(answer: bool) -> Iterator[None]:
         yield
     finally:
         mp.undo()
+
+
+def our_connector() -> pytest.MarkDecorator:
+    """Skip unless our connector writes the files on this vLLM (< 0.22; 0.22-0.23 with chunked
+    prefill, hidden-states-chunked-prompts). The shim's class: shim-only."""
+    selected = {p.id for p in PATCHER.select(vllm_patches())}
+    ours = {"keep-hma-for-extraction", "hidden-states-chunked-prompts"} & selected
+    return pytest.mark.skipif(
+        PATCHED_VLLM or not ours,
+        reason=f"vLLM {PATCHER.version_of('vllm')} writes with its own connector",
+    )
 
 
 def needs(*patch_ids: str) -> pytest.MarkDecorator:

@@ -1,4 +1,5 @@
-"""Our connector (vLLM < 0.22), both sides, for the reliability tests: vLLM's real scheduler
+"""Our connector (vLLM < 0.22; 0.22-0.23 with chunked prefill), both sides, for the reliability
+tests: vLLM's real scheduler
 makes the scheduler-side connector; the worker-side connector writes real files from a cache.
 
 Nothing of vLLM is replaced: the config, the plan, the scheduler, its KV cache manager and
@@ -15,8 +16,10 @@ import torch
 from conftest import engine_config, engine_scheduler, model_output
 
 from speculators_hybrid import planning
-from speculators_hybrid.vllm_patches.connector import HybridHiddenStatesConnector
-from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec
+from speculators_hybrid.vllm_patches.connector import (
+    HybridHiddenStatesConnector,
+    hidden_group_index,
+)
 
 IDS = (2, 5, 8)
 HIDDEN = 256  # the tiny preset's hidden size
@@ -86,18 +89,16 @@ def rig(storage: str, memory: int = 64 << 20, chunk: int | None = None, **extra:
     """Scheduler and worker of our connector, storage folder `storage`, a KV pool of `memory`."""
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    config = engine_config(preset="tiny", ids=IDS, prefix_caching=False, max_model_len=4096)
+    config = engine_config(
+        preset="tiny", ids=IDS, prefix_caching=False, max_model_len=4096, chunked_prefill=None
+    )
     config.kv_transfer_config.kv_connector_extra_config.update(shared_storage_path=storage, **extra)
     if chunk is not None:
         chunked(config, chunk)
     kv = planning.plan(config, planning.layer_specs(config), memory)
     scheduler, request = engine_scheduler(config, kv)
     assert isinstance(scheduler.connector, HybridHiddenStatesConnector)
-    (gid,) = [
-        i
-        for i, g in enumerate(kv.kv_cache_groups)
-        if isinstance(g.kv_cache_spec, HiddenStatesCacheSpec)
-    ]
+    gid = hidden_group_index(kv)
     block = kv.kv_cache_groups[gid].kv_cache_spec.block_size
     layer, _ = planning.hidden_state_layer(config)
     worker = HybridHiddenStatesConnector(config, KVConnectorRole.WORKER)

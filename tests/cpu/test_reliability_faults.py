@@ -28,13 +28,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs
+from conftest import needs, our_connector
 from safetensors.torch import load_file
 from upstream_worker import cpu_copies  # noqa: F401 (a fixture)
 
 from speculators_hybrid.vllm_patches import file_names, writer
 
-OURS = [pytest.mark.shim_only, needs("keep-hma-for-extraction")]
+OURS = [pytest.mark.shim_only, our_connector()]
 BIG = list(range(1, 1201))  # 1,200 tokens: 1.8 MB of bf16 hidden states (3 ids x 256)
 SMALL = list(range(1, 21))
 LIMIT = 1 << 20  # RLIMIT_FSIZE for the EFBIG cases: BIG does not fit, SMALL does
@@ -100,7 +100,7 @@ def logged(caplog, *parts: str) -> None:
         assert part in text, (part, text)
 
 
-# ---- our connector (vLLM < 0.22) ----
+# ---- our connector (vLLM < 0.22; 0.22-0.23 with chunked prefill) ----
 
 
 @pytest.mark.parametrize("mode", ["in_step", "off_step"])

@@ -13,7 +13,7 @@ import os
 
 import pytest
 import torch
-from conftest import needs
+from conftest import needs, our_connector
 from safetensors.torch import load_file
 from upstream_worker import cpu_copies  # noqa: F401 (a fixture)
 
@@ -80,11 +80,11 @@ def _check_written(path: str, storage, prompt: list[int]) -> None:
     assert load_file(path)["token_ids"].tolist() == prompt
 
 
-# ---- vLLM < 0.22: our connector ----
+# ---- our connector (vLLM < 0.22; 0.22-0.23 with chunked prefill) ----
 
 
 @pytest.mark.shim_only  # our connector class; a patched vLLM source has its own
-@needs("keep-hma-for-extraction")
+@our_connector()
 def test_our_connector_keeps_hostile_ids_inside_the_folder(shim, folders):
     from reliability_rig import rig
 
@@ -106,7 +106,7 @@ def test_our_connector_keeps_hostile_ids_inside_the_folder(shim, folders):
 
 
 @pytest.mark.shim_only
-@needs("keep-hma-for-extraction")
+@our_connector()
 def test_our_connector_off_the_step_too(shim, folders):
     from reliability_rig import rig
 

@@ -4,9 +4,10 @@ finished request has exactly one complete save (its whole prompt, from the block
 saved), a request aborted before its prompt was computed none, one aborted while generating
 its one save of the prompt, and nothing stops the scheduler.
 
-Ours (vLLM < 0.22) and vLLM's own connector (>= 0.24, with our patches). The model's forward
-is the stand-in (each step's output: a token for each request whose prompt is done, and, for
-vLLM's connector, the saves it was handed in that step reported done, as its worker does).
+Ours (vLLM < 0.22; 0.22-0.23 with chunked prefill) and vLLM's own connector (>= 0.24, with our
+patches). The model's forward is the stand-in (each step's output: a token for each request
+whose prompt is done, and, for vLLM's connector, the saves it was handed in that step reported
+done, as its worker does).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import random
 from collections import Counter
 
 import pytest
-from conftest import engine_config, engine_scheduler, model_output, needs
+from conftest import engine_config, engine_scheduler, model_output, needs, our_connector
 from reliability_rig import chunked
 
 from speculators_hybrid import planning
@@ -57,8 +58,12 @@ class Load:
     """Feeds requests, aborts some, steps the scheduler to the end; records what it saw."""
 
     def __init__(self, storage: str, upstream: bool):
-        config = engine_config(
-            preset="tiny", ids=(2, 5, 8), prefix_caching=False, max_model_len=4096
+        config = engine_config(  # chunked prefill on: ours on 0.22-0.23 (chunked_prompts.py)
+            preset="tiny",
+            ids=(2, 5, 8),
+            prefix_caching=False,
+            max_model_len=4096,
+            chunked_prefill=None,
         )
         config.kv_transfer_config.kv_connector_extra_config["shared_storage_path"] = storage
         chunked(config, CHUNK)
@@ -177,14 +182,14 @@ class Load:
 
 
 @pytest.mark.shim_only  # our connector class
-@needs("keep-hma-for-extraction")
+@our_connector()
 def test_our_connector_under_load(shim, tmp_path):
     load = Load(str(tmp_path), upstream=False)
     load.run()
     load.verdict()
 
 
-# vLLM 0.22-0.23 save in the forward pass and refuse chunked prefill with this connector.
+# vLLM 0.22-0.23's saves in the forward pass and refuses chunked prefill (there: ours, above).
 @needs("hidden-states-safe-file-names", "hidden-states-whole-prompts-only")
 def test_vllms_connector_under_load(shim, tmp_path):
     load = Load(str(tmp_path), upstream=True)

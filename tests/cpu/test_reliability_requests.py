@@ -15,13 +15,13 @@ import types
 
 import pytest
 import torch
-from conftest import engine_config, engine_scheduler, model_output, needs
+from conftest import engine_config, engine_scheduler, model_output, needs, our_connector
 from reliability_rig import chunked
 from safetensors.torch import load_file
 
 from speculators_hybrid import planning
 
-OURS = [pytest.mark.shim_only, needs("keep-hma-for-extraction")]
+OURS = [pytest.mark.shim_only, our_connector()]
 CHUNK = 512
 
 
