@@ -4,6 +4,9 @@
 2. A copy of the installed speculators with the diffs applied, the shim off, builds each
    algorithm's draft model on tiny verifiers: the frozen verifier norm equals transformers' own
    final norm bit for bit (`x * (1 + w)` for Qwen3.5 / Qwen3.5-MoE / Qwen3-Next, `x * w` else).
+3. The same copy on tiny Granite 4.0-H and Falcon-H1 models saved by transformers: the verifier
+   head on the model's final-norm output gives the model's logits bit for bit (fp32 and bf16:
+   the logit scale, after the matmul); other verifiers keep a plain nn.Linear head.
 """
 
 from __future__ import annotations
@@ -56,3 +59,52 @@ def test_patched_source_gives_the_verifiers_own_norm(tmp_path):
     norms = [line.split()[1:] for line in lines if line.startswith("NORM ")]
     assert len(norms) == 7 * (2 if Version(VERSION) >= Version("0.6.0") else 1)
     assert [n for n in norms if n[2] != "same"] == []
+
+
+LOGIT_PROBE = """
+import copy, sys, tempfile, warnings
+from pathlib import Path
+import torch
+import speculators
+from packaging.version import Version
+from tiny_models import build, final_norm, write_family, write_verifier
+print("FROM", speculators.__file__)
+version = Version(sys.argv[1])
+algorithms = ("eagle3", "dflash") if version >= Version("0.6.0") else ("eagle3",)
+# speculators 0.5.0 asks for exactly model.norm.weight: no Falcon-H1 (final_layernorm) verifier
+families = ("granitemoehybrid",) + (("falcon_h1",) if version >= Version("0.6.0") else ())
+root = Path(tempfile.mkdtemp())
+warnings.simplefilter("ignore")
+for model_type in families:
+    path, model = write_family(root, model_type)
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, model.config.vocab_size, (1, 9), generator=gen)
+    for algorithm in algorithms:
+        head = build(algorithm, path).verifier_lm_head
+        same = []
+        for dtype in (torch.float32, torch.bfloat16):
+            theirs, seen = copy.deepcopy(model).to(dtype), {}
+            final_norm(theirs).register_forward_hook(lambda _m, _a, out: seen.update(post=out))
+            with torch.no_grad():
+                logits = theirs(ids, use_cache=False).logits
+                same.append(torch.equal(copy.deepcopy(head).to(dtype)(seen["post"]), logits))
+        print("LOGITS", algorithm, model_type, "same" if all(same) else "DIFFERENT")
+path, _ = write_verifier(root, "qwen3")
+for algorithm in algorithms:
+    plain = type(build(algorithm, path).verifier_lm_head) is torch.nn.Linear
+    print("LOGITS", algorithm, "qwen3", "same" if plain else "DIFFERENT")
+"""
+
+
+def test_patched_source_gives_the_verifiers_own_logits(tmp_path):
+    assert VERSION is not None
+    copy, env = patched("speculators", tmp_path / "src", REPO / "tests" / "speculators")
+    done = subprocess.run(
+        [sys.executable, "-c", LOGIT_PROBE, VERSION], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stdout.splitlines()
+    assert f"FROM {copy / '__init__.py'}" in lines
+    found = [line.split()[1:] for line in lines if line.startswith("LOGITS ")]
+    assert len(found) == (6 if Version(VERSION) >= Version("0.6.0") else 2)
+    assert [n for n in found if n[2] != "same"] == []
