@@ -213,6 +213,7 @@ def report(
     max_num_batched_tokens: int | None = None,
 ) -> dict[str, Any]:
     from speculators_hybrid import __version__
+    from speculators_hybrid.launcher.adjust import stock_refuses_chunked
     from speculators_hybrid.launcher.target import load
     from speculators_hybrid.versions import installed
 
@@ -234,7 +235,11 @@ def report(
         setup = planning.Setup(
             **{**asdict(setup), "max_model_len": plain_config.model_config.max_model_len}
         )
-    plans["stock"], _, _ = plan_once("stock", setup, memory)
+    # Stock vLLM 0.22-0.23 refuse their connector with chunked prefill: plan it as it must run.
+    stock = planning.Setup(**{**asdict(setup), "chunked_prefill": False})
+    plans["stock"], _, _ = plan_once(
+        "stock", stock if stock_refuses_chunked(installed("vllm")) else setup, memory
+    )
     plans["shim"], _, specs = plan_once("shim", setup, memory)
     # True bytes from the layers' specs: the shim's plan, else the target's own layers (the
     # no-extraction plan's) and the extraction layer's size (ids x hidden size x dtype bytes).

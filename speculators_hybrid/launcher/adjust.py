@@ -114,7 +114,7 @@ def caching_kept(user_args: list[str], vllm: str | None) -> bool:
         "--enable-prefix-caching" in user_args
         and NO_PREFIX_CACHING.needed_for(vllm)
         and opt_in_allowed(vllm)
-        and not (_refuses_chunked(vllm) and NO_CHUNKED_PREFILL in user_args)
+        and not (stock_refuses_chunked(vllm) and NO_CHUNKED_PREFILL in user_args)
     )
 
 
@@ -182,7 +182,7 @@ def vllm_notes(
             f"vLLM {version}: the plugin turns prefix caching off for hybrid extraction "
             f"(cache hits gave wrong hidden states; {NO_PREFIX_CACHING.id})"
         )
-    elif _refuses_chunked(version):
+    elif stock_refuses_chunked(version):
         notes.append(
             f"warning: vLLM {version} cannot extract from a hybrid target with prefix caching: "
             "mamba 'align' mode needs chunked prefill, the connector refuses it"
@@ -201,7 +201,7 @@ def chunked_prefill(
     """Drop the launcher-forced --no-enable-chunked-prefill, except on vLLM 0.22-0.23 without
     the plugin: their stock connector refuses chunked prefill (there it is added if missing).
     With the plugin, our connector takes chunked prompts there (hidden-states-chunked-prompts)."""
-    if _refuses_chunked(vllm) and not (plugin and CHUNKED_PROMPTS.needed_for(vllm)):
+    if stock_refuses_chunked(vllm) and not (plugin and CHUNKED_PROMPTS.needed_for(vllm)):
         if NO_CHUNKED_PREFILL not in argv and "--enable-chunked-prefill" not in user_args:
             argv.append(NO_CHUNKED_PREFILL)
             log(
@@ -218,7 +218,7 @@ def chunked_prefill(
     return argv
 
 
-def _refuses_chunked(vllm: str | None) -> bool:
+def stock_refuses_chunked(vllm: str | None) -> bool:
     """vLLM's own connector refuses chunked prefill in this release (0.22-0.23)."""
     v = _version(vllm)
     return v is not None and STOCK_REFUSES_CHUNKED[0] <= v < STOCK_REFUSES_CHUNKED[1]
