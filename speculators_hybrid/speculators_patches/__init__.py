@@ -15,13 +15,18 @@ import sys
 
 from speculators_hybrid.plugin import disabled
 from speculators_hybrid.registry import Patch, Patcher
-from speculators_hybrid.speculators_patches import verifier_logit_scale, verifier_norm
+from speculators_hybrid.speculators_patches import (
+    draft_config_norm_eps,
+    verifier_logit_scale,
+    verifier_norm,
+)
 from speculators_hybrid.versions import installed
 
 PATCHES: tuple[Patch, ...] = (
     verifier_norm.EAGLE3,
     verifier_norm.DFLASH,
     verifier_logit_scale.PATCH,
+    draft_config_norm_eps.PATCH,
 )
 
 PATCHER = Patcher(version_of=installed)

@@ -237,27 +237,74 @@ def test_embeddings_are_the_unscaled_table(unpatched, request, family, model_typ
     torch.testing.assert_close(ours * scale, ref.layer0_input, rtol=1e-6, atol=0)
 
 
-@pytest.mark.skipif(
+DRAFT_CONFIG_BUILT = pytest.mark.skipif(
     VERSION < Version("0.8.0"),
     reason="speculators 0.7.0 builds the draft config in scripts/train.py, outside the wheel",
 )
-@pytest.mark.parametrize("hidden_act", [None, "silu"], ids=["act-from-verifier", "act-given"])
-@pytest.mark.parametrize("model_type", HYBRID)
-def test_draft_config_from_the_verifier(request, family, model_type, hidden_act):
-    """`train.cli.create_transformer_layer_config`, the default draft config (no --draft-config):
-    it copies the verifier's `rms_norm_eps`, which then is the verifier norm's eps."""
+# model_type -> the eps field of configs without `rms_norm_eps` (and without `hidden_act`)
+OWN_EPS_FIELD = {"nemotron_h": "layer_norm_epsilon", "lfm2": "norm_eps"}
+
+
+def _draft_config(ref: Reference, draft_arch: str, hidden_act: str | None):
     from speculators.train.cli import create_transformer_layer_config
 
-    if model_type in ("nemotron_h", "lfm2"):
-        missing = "hidden_act" if hidden_act is None else "rms_norm_eps"
-        field = {"nemotron_h": "layer_norm_epsilon", "lfm2": "norm_eps"}[model_type]
-        _xfail(request, f"no `{missing}` in the config (eps is `{field}`)", AttributeError)
-    ref = family(model_type)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = create_transformer_layer_config(ref.path, 1, "llama", hidden_act, 0, [0])
+        return create_transformer_layer_config(ref.path, 1, draft_arch, hidden_act, 0, [0])
+
+
+@DRAFT_CONFIG_BUILT
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("hidden_act", [None, "silu"], ids=["act-from-verifier", "act-given"])
+@pytest.mark.parametrize("model_type", HYBRID)
+def test_draft_config_from_the_verifier(request, family, model_type, hidden_act, mode):
+    """`train.cli.create_transformer_layer_config`, the default draft config (no --draft-config):
+    it copies the verifier's `rms_norm_eps`, which then is the verifier norm's eps. Nemotron-H
+    and LFM2 name it otherwise and have no `hidden_act`: fixed by `draft-config-norm-eps`."""
+    _mode(request, mode)
+    if model_type in OWN_EPS_FIELD and mode == "speculators":
+        missing = "hidden_act" if hidden_act is None else "rms_norm_eps"
+        field = OWN_EPS_FIELD[model_type]
+        _xfail(request, f"no `{missing}` in the config (eps is `{field}`)", AttributeError)
+    ref = family(model_type)
+    config = _draft_config(ref, "llama", hidden_act)
     assert config.rms_norm_eps == ref.eps
     assert (config.hidden_size, config.vocab_size) == (
         ref.model.config.hidden_size,
         ref.model.config.vocab_size,
     )
+    if model_type in OWN_EPS_FIELD:
+        assert config.hidden_act == "silu"  # given, or the CLI's default where the config has none
+        verifier = ref.model.config
+        assert not hasattr(verifier, "rms_norm_eps") and not hasattr(verifier, "hidden_act")
+
+
+@DRAFT_CONFIG_BUILT
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("model_type", sorted(OWN_EPS_FIELD))
+def test_default_draft_config_gives_the_models_logits(
+    patched, request, family, algorithm, model_type
+):
+    """End to end without --draft-config: the drafter built on the default draft config has the
+    verifier's own final-norm eps, and its targets are the model's logits."""
+    _unread(request, model_type)
+    if model_type == "lfm2" and algorithm == "dflash":
+        from huggingface_hub.errors import StrictDataclassFieldValidationError
+
+        _xfail(
+            request,
+            "DFlash's default draft arch is qwen3; the builder passes the verifier's head_dim "
+            "as is, and Qwen3Config refuses None (LFM2 has no head_dim)",
+            StrictDataclassFieldValidationError,
+        )
+    ref = family(model_type)
+    # `speculators train`'s default draft arch: llama for EAGLE-3, qwen3 for the others
+    config = _draft_config(ref, "llama" if algorithm == "eagle3" else "qwen3", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build(algorithm, ref.path, draft_config=config)
+    norm = model.verifier_norm
+    assert getattr(norm, "variance_epsilon", getattr(norm, "eps", None)) == ref.eps
+    with torch.no_grad():
+        ours = model.verifier_lm_head(model.verifier_norm(ref.pre_norm)).float()
+    torch.testing.assert_close(ours, ref.logits, rtol=1e-5, atol=1e-5)

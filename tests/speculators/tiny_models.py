@@ -61,9 +61,10 @@ def write_verifier(root: Path, model_type: str, seed: int = 0) -> tuple[str, tor
     return str(path), norm
 
 
-def build(algorithm: str, verifier: str, eps: float = EPS):
+def build(algorithm: str, verifier: str, eps: float = EPS, draft_config=None):
     """An EAGLE-3 or DFlash drafter for `verifier`, through speculators' own training path
-    (`eps`: the draft config's `rms_norm_eps`, which speculators gives its verifier norm)."""
+    (`eps`: the draft config's `rms_norm_eps`, which speculators gives its verifier norm;
+    `draft_config`: a whole decoder config instead, e.g. the one `speculators train` builds)."""
     kwargs = dict(
         verifier_name_or_path=verifier,
         draft_vocab_size=VOCAB,
@@ -78,10 +79,11 @@ def build(algorithm: str, verifier: str, eps: float = EPS):
     if algorithm == "eagle3":
         from speculators.models.eagle3.core import Eagle3DraftModel
 
-        return Eagle3DraftModel.from_training_args(tf.LlamaConfig(**draft), **kwargs)
+        config = draft_config or tf.LlamaConfig(**draft)
+        return Eagle3DraftModel.from_training_args(config, **kwargs)
     from speculators.models.dflash.core import DFlashDraftModel
 
-    return DFlashDraftModel.from_training_args(tf.Qwen3Config(**draft), **kwargs)
+    return DFlashDraftModel.from_training_args(draft_config or tf.Qwen3Config(**draft), **kwargs)
 
 
 def transformers_norm(model_type: str, weight: torch.Tensor) -> torch.nn.Module:

@@ -137,7 +137,15 @@ def test_patches_are_documented_and_fingerprinted():
         ("0.4.0.1", set()),
         ("0.5.0", {"verifier-norm-eagle3", "verifier-logit-scale"}),
         ("0.6.0.2", {"verifier-norm-eagle3", "verifier-norm-dflash", "verifier-logit-scale"}),
-        ("0.9.0", {"verifier-norm-eagle3", "verifier-norm-dflash", "verifier-logit-scale"}),
+        (
+            "0.9.0",
+            {
+                "verifier-norm-eagle3",
+                "verifier-norm-dflash",
+                "verifier-logit-scale",
+                "draft-config-norm-eps",
+            },
+        ),
     ],
 )
 def test_each_speculators_version_selects_its_patches(version, expected):
