@@ -9,11 +9,11 @@ verifier's config (it becomes the eps of the frozen verifier norm, too) and, whe
 where nothing checks that its eps is the verifier's (a wrong one is silent).
 How: around `create_transformer_layer_config` (speculators 0.8.0+; 0.7.0 builds the config in
 scripts/train.py, outside the wheel), the `AutoConfig` the builder loads the verifier's config
-with hands back, for a `nemotron_h` / `lfm2` text config that has no `rms_norm_eps`, the same
-config with `rms_norm_eps` set to the family's own eps field and, where it has neither
-`hidden_act` nor `hidden_activation`, `hidden_act` "silu" (the CLI's default draft activation).
-Nothing else changes: other verifiers, configs that do set `rms_norm_eps`, and
-`--draft-config` are untouched; the name is rebound only for the call, under a lock.
+with hands back, for a `nemotron_h` / `lfm2` text config, the same config with `rms_norm_eps`
+set to the family's own eps field where it has none, and `hidden_act` "silu" (the CLI's default
+draft activation) where it has neither `hidden_act` nor `hidden_activation`. Nothing else
+changes: other verifiers, fields a config does set, and `--draft-config` are untouched; the
+name is rebound only for the call, under a lock.
 Upstream: none yet (speculators 0.8.0 to 0.9.0 read `rms_norm_eps` only). The version range is
 open: a later speculators whose builder differs makes the patch fail closed until it is checked
 again; remove the patch once the builder reads these families' eps itself.
@@ -44,13 +44,13 @@ def expose_draft_fields(config: Any) -> list[str]:
     if target is None:
         return []
     field = EPS_FIELDS.get(str(getattr(target, "model_type", "") or "").lower())
-    if field is None or getattr(target, "rms_norm_eps", None) is not None:
+    if field is None:
         return []
+    given = []
     eps = getattr(target, field, None)
-    if eps is None:
-        return []
-    target.rms_norm_eps = float(eps)
-    given = [f"rms_norm_eps={target.rms_norm_eps!r} (from {field})"]
+    if getattr(target, "rms_norm_eps", None) is None and eps is not None:
+        target.rms_norm_eps = float(eps)
+        given.append(f"rms_norm_eps={target.rms_norm_eps!r} (from {field})")
     if getattr(target, "hidden_act", None) is None and not getattr(
         target, "hidden_activation", None
     ):

@@ -7,6 +7,9 @@
 3. The same copy on tiny Granite 4.0-H and Falcon-H1 models saved by transformers: the verifier
    head on the model's final-norm output gives the model's logits bit for bit (fp32 and bf16:
    the logit scale, after the matmul); other verifiers keep a plain nn.Linear head.
+4. From 0.8.0 (the wheel's draft-config builder): the same copy builds the default draft config
+   of tiny Nemotron-H and LFM2 models with each model's own final-norm eps and activation silu;
+   the other families keep their `rms_norm_eps`.
 """
 
 from __future__ import annotations
@@ -107,4 +110,40 @@ def test_patched_source_gives_the_verifiers_own_logits(tmp_path):
     assert f"FROM {copy / '__init__.py'}" in lines
     found = [line.split()[1:] for line in lines if line.startswith("LOGITS ")]
     assert len(found) == (6 if Version(VERSION) >= Version("0.6.0") else 2)
+    assert [n for n in found if n[2] != "same"] == []
+
+
+DRAFT_PROBE = """
+import tempfile, warnings
+from pathlib import Path
+import speculators
+from speculators.train.cli import create_transformer_layer_config
+from tiny_models import HYBRID, family_eps, write_family
+print("FROM", speculators.__file__)
+root = Path(tempfile.mkdtemp())
+warnings.simplefilter("ignore")
+for model_type in HYBRID:
+    path, model = write_family(root, model_type)
+    for act in (None, "silu"):
+        config = create_transformer_layer_config(path, 1, "llama", act, 0, [0])
+        ok = config.rms_norm_eps == family_eps(model) and (act or config.hidden_act)
+        print("DRAFT", model_type, act, "same" if ok else "DIFFERENT")
+"""
+
+
+@pytest.mark.skipif(
+    VERSION is None or Version(VERSION) < Version("0.8.0"),
+    reason="speculators 0.7.0 builds the draft config in scripts/train.py, outside the wheel",
+)
+def test_patched_source_builds_the_draft_config_with_the_verifiers_eps(tmp_path):
+    assert VERSION is not None
+    copy, env = patched("speculators", tmp_path / "src", REPO / "tests" / "speculators")
+    done = subprocess.run(
+        [sys.executable, "-c", DRAFT_PROBE], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stdout.splitlines()
+    assert f"FROM {copy / '__init__.py'}" in lines
+    found = [line.split()[1:] for line in lines if line.startswith("DRAFT ")]
+    assert len(found) == 12
     assert [n for n in found if n[2] != "same"] == []
