@@ -24,6 +24,11 @@ value used and why):
   quoted in onnx-diagnostic (`get_ai21_jamba_15_mini`, linking the hub file).
 - LiquidAI/LFM2-2.6B: its model card (30 layers, 22 conv + 8 attention, vocabulary 65,536,
   32,768-token context) and its config as quoted in public tests (layer_types, conv sizes).
+- LiquidAI/LFM2-8B-A1B (`lfm2_moe`): its model card (24 layers, 18 conv + 6 attention,
+  vocabulary 65,536, 32,768-token context; 32 experts, top-4, the first two layers dense) and
+  the config.json of a published fine-tune of it (same architecture; layer_types, sizes, MoE
+  fields), which also match transformers' `Lfm2MoeConfig` defaults ("similar to LFM2-8B-A1B").
+  The base checkpoint's own config.json was not found.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ NEMOTRON_H_47B_PATTERN = (
 )
 GRANITE_H_SMALL_ATTENTION = (5, 15, 25, 35)
 LFM2_2_6B_ATTENTION = (2, 5, 9, 13, 17, 21, 24, 27)
+LFM2_8B_A1B_ATTENTION = (2, 6, 10, 14, 18, 21)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "nemotron-h-8b": {
@@ -214,8 +220,37 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "torch_dtype": "bfloat16",
     },
+    "lfm2-8b-a1b": {
+        "architectures": ["Lfm2MoeForCausalLM"],
+        "model_type": "lfm2_moe",
+        "num_hidden_layers": 24,
+        "layer_types": [
+            "full_attention" if i in LFM2_8B_A1B_ATTENTION else "conv" for i in range(24)
+        ],
+        "hidden_size": 2048,
+        "intermediate_size": 7168,  # the two dense layers
+        "moe_intermediate_size": 1792,
+        "num_dense_layers": 2,
+        "num_experts": 32,
+        "num_experts_per_tok": 4,
+        "use_expert_bias": True,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "conv_L_cache": 3,
+        "conv_bias": False,
+        "norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "vocab_size": 65536,
+        # The model card's context is 32,768 tokens; the published config says 128,000.
+        "max_position_embeddings": 128000,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+    },
 }
 assert len(NEMOTRON_H_8B_PATTERN) == 52 and len(NEMOTRON_H_47B_PATTERN) == 98
+assert len(LFM2_8B_A1B_ATTENTION) == 6  # 18 conv + 6 attention (the model card)
 
 
 def config_dict(name: str) -> dict[str, Any]:

@@ -122,6 +122,7 @@ MAMBA_TYPES = {
     "falcon_h1": "mamba2",
     "jamba": "mamba1",
     "lfm2": "short_conv",
+    "lfm2_moe": "short_conv",
 }
 
 

@@ -26,6 +26,7 @@ HYBRID_MODEL_TYPES = frozenset(
         "bamba",
         "zamba2",
         "lfm2",
+        "lfm2_moe",
     }
 )
 STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv"})

@@ -1,4 +1,5 @@
-"""granitemoehybrid-eagle3, nemotron_h-eagle3, falcon_h1-eagle3, lfm2-eagle3, jamba-eagle3:
+"""granitemoehybrid-eagle3, nemotron_h-eagle3, falcon_h1-eagle3, lfm2-eagle3, jamba-eagle3,
+lfm2_moe-eagle3:
 vLLM's real classes get EAGLE-3 auxiliary hidden states (SupportsEagle3, as vLLM's model runner
 and check-extraction-input ask), and the decoder stack's forward returns them at the ids Qwen3.5
 uses (0 = embeddings, i = residual stream after layer i-1, n = last, pre-norm).
@@ -26,6 +27,7 @@ from speculators_hybrid.vllm_patches import (
     eagle3_granite,
     eagle3_jamba,
     eagle3_lfm2,
+    eagle3_lfm2_moe,
     eagle3_nemotron_h,
 )
 
@@ -145,11 +147,32 @@ JAMBA = {
     "tie_word_embeddings": False,
     "torch_dtype": "float32",
 }
+LFM2_MOE = {
+    "architectures": ["Lfm2MoeForCausalLM"],
+    "model_type": "lfm2_moe",
+    "num_hidden_layers": 4,
+    "layer_types": ["conv", "full_attention", "conv", "conv"],
+    "num_dense_layers": 2,  # layers 0-1 a dense MLP, 2-3 the routed experts
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "conv_L_cache": 3,
+    "conv_bias": False,
+    "vocab_size": 128,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
 FAMILIES = {
     "granitemoehybrid": (eagle3_granite, GRANITE, "GraniteMoeHybridForCausalLM"),
     "nemotron_h": (eagle3_nemotron_h, NEMOTRON_H, "NemotronHForCausalLM"),
     "falcon_h1": (eagle3_falcon_h1, FALCON_H1, "FalconH1ForCausalLM"),
     "lfm2": (eagle3_lfm2, LFM2, "Lfm2ForCausalLM"),
+    "lfm2_moe": (eagle3_lfm2_moe, LFM2_MOE, "Lfm2MoeForCausalLM"),
     "jamba": (eagle3_jamba, JAMBA, "JambaForCausalLM"),
 }
 # What a family's decoder layer takes and returns (StandIn): "stream" returns the residual
@@ -161,6 +184,7 @@ STYLE = {
     "nemotron_h": "separate",
     "falcon_h1": "alone",
     "lfm2": "separate",
+    "lfm2_moe": "separate",
     "jamba": "separate",
 }
 IDS = (0, 1, 3, 4)
@@ -293,9 +317,19 @@ def test_without_the_patch_check_extraction_input_refuses(no_shim, tmp_path, fam
     assert "does not implement vLLM's SupportsEagle3" in message
 
 
+@pytest.fixture
+def moe_group(distributed, monkeypatch):  # noqa: F811
+    """vLLM's expert-parallel group (one rank): `distributed` builds the groups for a dense
+    model, and vLLM's MoE blocks ask for it when built."""
+    from vllm.distributed import parallel_state as ps
+
+    if getattr(ps, "_EP", "absent") is None:
+        monkeypatch.setattr(ps, "_EP", ps.get_tp_group())
+
+
 @pytest.mark.full_tier
 @pytest.mark.parametrize("family", CASES)
-def test_forward_returns_aux_states_at_the_ids(distributed, tmp_path, family):  # noqa: F811
+def test_forward_returns_aux_states_at_the_ids(moe_group, tmp_path, family):
     model = _built(tmp_path, family, on=True)
     model.set_aux_hidden_state_layers(IDS)  # as vLLM's model runner calls it
     stack = model.model
@@ -321,7 +355,7 @@ def test_forward_returns_aux_states_at_the_ids(distributed, tmp_path, family):  
 
 @pytest.mark.full_tier
 @pytest.mark.parametrize("family", CASES)
-def test_without_aux_layers_forward_returns_the_tensor_alone(distributed, tmp_path, family):  # noqa: F811
+def test_without_aux_layers_forward_returns_the_tensor_alone(moe_group, tmp_path, family):
     model = _built(tmp_path, family, on=True)
     stack = model.model
     stack.layers = torch.nn.ModuleList(
@@ -330,3 +364,86 @@ def test_without_aux_layers_forward_returns_the_tensor_alone(distributed, tmp_pa
     with torch.no_grad():
         out = stack.forward(torch.tensor([1, 2, 3]), torch.arange(3))
     assert isinstance(out, torch.Tensor) and out.shape == (3, stack.config.hidden_size)
+
+
+# --- Against transformers' own model (LFM2, LFM2-MoE) ---------------------------------------
+# Both sides run their real decoder layers (pre-norms, residual adds; vLLM's fused add-RMSNorm
+# against transformers' plain adds) with the same norm and embedding weights; only the ops
+# inside a layer (short conv, attention, dense MLP / routed experts) are one shared stand-in
+# each, as vLLM's kernels do not run on the CPU. So the ids are checked against what
+# transformers calls the hidden states (`output_hidden_states`: [0] the embeddings, [i] the
+# output of layer i-1), the last one against its last layer's output before `embedding_norm`.
+# family -> transformers' config and model classes (by name: vLLM registers configs of its own
+# for some model types with transformers' AutoConfig)
+HF_CLASSES = {"lfm2": ("Lfm2Config", "Lfm2Model"), "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeModel")}
+
+
+class Op(torch.nn.Module):
+    """One op of a layer, for both sides: tanh(x W), taking what each side passes."""
+
+    def __init__(self, seed: int, hidden: int, kind: str):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.weight = torch.randn(hidden, hidden, generator=gen) / hidden**0.5
+        self.kind = kind  # "conv": vLLM writes into `output`; "attention": HF wants a pair
+
+    def forward(self, *args, **kwargs):
+        x = kwargs.get("hidden_states", args[-1] if args else None)
+        if self.kind == "conv" and len(args) == 2:  # vLLM's ShortConv(x, output)
+            x, output = args
+            output.copy_(torch.tanh(x @ self.weight))
+            return None
+        out = torch.tanh(x @ self.weight)
+        return (out, None) if self.kind == "attention" and "position_embeddings" in kwargs else out
+
+
+def _transformers_model(family: str, vllm_stack):
+    import transformers
+
+    fields = {k: v for k, v in FAMILIES[family][1].items() if k != "model_type"}
+    config_class, model_class = (getattr(transformers, name) for name in HF_CLASSES[family])
+    config = config_class(**fields)
+    config._attn_implementation = "eager"
+    hf = model_class(config).float().eval()
+    hidden = config.hidden_size
+    with torch.no_grad():
+        hf.embed_tokens.weight.copy_(vllm_stack.embed_tokens.weight)
+        hf.embedding_norm.weight.copy_(vllm_stack.embedding_norm.weight)
+        for i, (mine, hf_layer) in enumerate(zip(vllm_stack.layers, hf.layers, strict=True)):
+            hf_layer.operator_norm.weight.copy_(mine.operator_norm.weight)
+            hf_layer.ffn_norm.weight.copy_(mine.ffn_norm.weight)
+            attention = hasattr(mine, "self_attn")
+            mixer = Op(2 * i, hidden, "attention" if attention else "conv")
+            ffn = Op(2 * i + 1, hidden, "ffn")
+            setattr(mine, "self_attn" if attention else "short_conv", mixer)
+            setattr(hf_layer, "self_attn" if attention else "conv", mixer)
+            mine.feed_forward = hf_layer.feed_forward = ffn
+    return hf
+
+
+@pytest.mark.full_tier
+@pytest.mark.parametrize("family", [_params(f) for f in HF_CLASSES])
+def test_aux_states_match_transformers_hidden_states(moe_group, tmp_path, family):
+    model = _built(tmp_path, family, on=True)
+    model.set_aux_hidden_state_layers(IDS)
+    stack = model.model
+    for weight in stack.parameters():  # random embeddings and norm weights (not all ones)
+        torch.nn.init.normal_(weight)
+    hf = _transformers_model(family, stack)
+    last: list[torch.Tensor] = []
+    hf.layers[-1].register_forward_hook(lambda mod, args, out: last.append(out))
+    tokens = torch.tensor([3, 17, 42, 5, 99, 64, 1])
+    with torch.no_grad():
+        out, aux = stack.forward(tokens, torch.arange(len(tokens)))
+        theirs = hf(input_ids=tokens[None], output_hidden_states=True)
+    n = len(stack.layers)
+    states = [s[0] for s in theirs.hidden_states]
+    assert len(states) == n + 1
+    expected = {i: states[i] for i in range(n)} | {n: last[0][0]}  # [n]: after the final norm
+    diffs = [(got - expected[i]).abs().max().item() for got, i in zip(aux, IDS, strict=True)]
+    print(f"{family}: ids {IDS}, max |vLLM aux - transformers| {diffs}")
+    for got, index in zip(aux, IDS, strict=True):
+        torch.testing.assert_close(got, expected[index], rtol=1e-5, atol=1e-5, msg=str(index))
+    torch.testing.assert_close(out, theirs.last_hidden_state[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, states[n], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(aux[-1], states[n])  # id n is before the final norm

@@ -1,10 +1,10 @@
 """vLLM's own KV plan for extraction from the other hybrid families, at their published sizes.
 
 Each preset of speculators_hybrid/family_presets.py (Nemotron-H 8B/47B, Granite-4.0-H-Small,
-Falcon-H1 7B/34B, Jamba-Mini-1.5, LFM2-2.6B) is planned as `doctor` plans it: vLLM's config with
-speculators' extraction settings (speculators' default ids, the model's own max_model_len), the
-layers' specs, vLLM's planner, with the patches this release selects. Where families.py says the
-family extracts on the installed vLLM:
+Falcon-H1 7B/34B, Jamba-Mini-1.5, LFM2-2.6B, LFM2-8B-A1B) is planned as `doctor` plans it:
+vLLM's config with speculators' extraction settings (speculators' default ids, the model's own
+max_model_len), the layers' specs, vLLM's planner, with the patches this release selects. Where
+families.py says the family extracts on the installed vLLM:
 - the hidden states are a KV-cache group of their own (one group, the extraction layer alone);
 - one max-length request costs <= 1.05x the true bytes: the plan without extraction (the
   target's own KV and Mamba state, planned by vLLM) plus ids x hidden x 2 bytes per token, as

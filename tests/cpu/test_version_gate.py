@@ -36,6 +36,7 @@ FROM_022 = {
     "falcon_h1-eagle3",  # likewise
     "lfm2-eagle3",  # likewise
     "jamba-eagle3",  # likewise
+    "lfm2_moe-eagle3",  # likewise
 }
 
 # vLLM release -> the patches it needs (the table README.md shows).
