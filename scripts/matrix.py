@@ -284,16 +284,60 @@ def family_table() -> str:
     return FAMILY_START + "\n".join(lines) + "\n" + FAMILY_END
 
 
+DIFFS_START = "<!-- diff table: made by `python scripts/matrix.py table`, do not edit -->\n"
+DIFFS_END = "<!-- end of diff table -->\n"
+PATCHES_DIR = ROOT / "patches"
+PATCHES_README = PATCHES_DIR / "README.md"
+
+
+def _releases(project: str, found: list[str]) -> str:
+    """`found` releases, a run of consecutive matrix releases as `first – last (n)`."""
+    matrix = list(support.VLLM if project == "vllm" else support.SPECULATORS)
+    name = "vLLM" if project == "vllm" else "speculators"
+    found = sorted(found, key=Version)
+    run = [r for r in matrix if Version(found[0]) <= Version(r) <= Version(found[-1])]
+    if len(found) > 3 and run == found:
+        return f"{name} {found[0]} – {found[-1]} ({len(found)})"
+    return f"{name} {', '.join(found)}"
+
+
+def diff_table() -> str:
+    """patches/README.md's table: each patch with a diff, the releases that have one, and its
+    upstream status (the registry's `fixed_upstream`)."""
+    from speculators_hybrid.speculators_patches import PATCHES as SPECULATORS_PATCHES
+    from speculators_hybrid.vllm_patches import PATCHES
+
+    lines = ["| patch | versions with a diff | upstream |", "|---|---|---|"]
+    for patch in (*PATCHES, *SPECULATORS_PATCHES):
+        found = [
+            d.name
+            for d in (PATCHES_DIR / patch.project).iterdir()
+            if list(d.glob(f"[0-9][0-9][0-9][0-9]-{patch.id}.patch"))
+        ]
+        if found:
+            versions = _releases(patch.project, found)
+            lines.append(f"| {patch.id} | {versions} | {patch.fixed_upstream} |")
+    return DIFFS_START + "\n".join(lines) + "\n" + DIFFS_END
+
+
+def _between(text: str, start: str, end: str, made: str, where: str) -> str:
+    if start not in text or end not in text:
+        raise SystemExit(f"matrix: {where} has no markers {start.strip()}")
+    head, rest = text.split(start, 1)
+    return head + made + rest.split(end, 1)[1]
+
+
 def readme_with_table(text: str) -> str:
     for start, end, make in (
         (TABLE_START, TABLE_END, support_table),
         (FAMILY_START, FAMILY_END, family_table),
     ):
-        if start not in text or end not in text:
-            raise SystemExit(f"matrix: README.md has no markers {start.strip()}")
-        head, rest = text.split(start, 1)
-        text = head + make() + rest.split(end, 1)[1]
+        text = _between(text, start, end, make(), "README.md")
     return text
+
+
+def patches_readme(text: str) -> str:
+    return _between(text, DIFFS_START, DIFFS_END, diff_table(), "patches/README.md")
 
 
 def tools_env() -> Env:
@@ -308,6 +352,9 @@ def problems() -> list[str]:
     readme = (ROOT / "README.md").read_text()
     if TABLE_START not in readme or readme_with_table(readme) != readme:
         found.append("README.md's support table is stale: run `python scripts/matrix.py table`")
+    diffs = PATCHES_README.read_text()
+    if DIFFS_START not in diffs or patches_readme(diffs) != diffs:
+        found.append("patches/README.md's table is stale: run `python scripts/matrix.py table`")
     for env in [*envs(), tools_env()]:
         if env.skip_install and not env.requires:
             continue
@@ -325,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("tox", help="write tox.ini")
     lock = sub.add_parser("lock", help="re-resolve the locks")
     lock.add_argument("names", nargs="*", help="envs to re-lock (default: all)")
-    sub.add_parser("table", help="write README's support tables")
+    sub.add_parser("table", help="write README's support tables and patches/README.md's")
     sub.add_parser("check", help="exit 1 if tox.ini, a lock or README is out of date")
     args = parser.parse_args(argv)
     if args.what == "tox":
@@ -333,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "table":
         readme = ROOT / "README.md"
         readme.write_text(readme_with_table(readme.read_text()))
+        PATCHES_README.write_text(patches_readme(PATCHES_README.read_text()))
     elif args.what == "lock":
         LOCKS.mkdir(parents=True, exist_ok=True)
         for env in [*envs(), tools_env()]:
