@@ -6,11 +6,11 @@ implement vLLM's `SupportsEagle3`; without it vLLM fails only after loading the 
 (launcher/target.py's HYBRID_MODEL_TYPES), the class vLLM builds for it and the first release
 in the test matrix (support.VLLM) whose class has them, with this plugin loaded (it registers
 the text-only Qwen3.5 classes before vLLM 0.27, and adds them to Nemotron-H before 0.22 and
-to GraniteMoeHybrid, Falcon-H1, LFM2, LFM2-MoE and Jamba). `launch` and `doctor` refuse a
-family on an earlier release in one line that names the first release that works; README's
-family table is made from it (`scripts/matrix.py table`). tests/cpu/test_families.py checks
-every entry against the installed vLLM's own classes, so each release of the matrix confirms
-its column.
+to GraniteMoeHybrid, Falcon-H1, LFM2, LFM2-MoE, Jamba and Zamba2). `launch` and `doctor`
+refuse a family on an earlier release in one line that names the first release that works;
+README's family table is made from it (`scripts/matrix.py table`). tests/cpu/test_families.py
+checks every entry against the installed vLLM's own classes, so each release of the matrix
+confirms its column.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("falcon_h1", "FalconH1ForCausalLM", "0.22.0"),  # patch falcon_h1-eagle3, as granite
     Family("jamba", "JambaForCausalLM", "0.22.0"),  # patch jamba-eagle3, as granite
     Family("bamba", "BambaForCausalLM", None),  # vLLM 0.24.0 removed the class (not patched)
-    Family("zamba2", "Zamba2ForCausalLM", None),
+    Family("zamba2", "Zamba2ForCausalLM", "0.22.0"),  # patch zamba2-eagle3, as granite
     Family("lfm2", "Lfm2ForCausalLM", "0.22.0"),  # patch lfm2-eagle3, as granite
     Family("lfm2_moe", "Lfm2MoeForCausalLM", "0.22.0"),  # patch lfm2_moe-eagle3, as granite
 )

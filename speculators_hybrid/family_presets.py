@@ -29,6 +29,9 @@ value used and why):
   the config.json of a published fine-tune of it (same architecture; layer_types, sizes, MoE
   fields), which also match transformers' `Lfm2MoeConfig` defaults ("similar to LFM2-8B-A1B").
   The base checkpoint's own config.json was not found.
+- Zyphra/Zamba2-2.7B-Instruct-v2 (`zamba2`): its config.json as the hub shows it (54 layers,
+  hybrid at 6, 12, ..., 42, 47, 51; Mamba-2 sizes; 4,096 tokens); heads, KV heads, shared
+  blocks and vocabulary from Zyphra/Zamba2-2.7B-instruct's earlier config.json (same model).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ NEMOTRON_H_47B_PATTERN = (
 GRANITE_H_SMALL_ATTENTION = (5, 15, 25, 35)
 LFM2_2_6B_ATTENTION = (2, 5, 9, 13, 17, 21, 24, 27)
 LFM2_8B_A1B_ATTENTION = (2, 6, 10, 14, 18, 21)
+ZAMBA2_2_7B_HYBRID = (6, 12, 18, 24, 30, 36, 42, 47, 51)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "nemotron-h-8b": {
@@ -245,6 +249,30 @@ PRESETS: dict[str, dict[str, Any]] = {
         "vocab_size": 65536,
         # The model card's context is 32,768 tokens; the published config says 128,000.
         "max_position_embeddings": 128000,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+    },
+    "zamba2-2.7b": {
+        "architectures": ["Zamba2ForCausalLM"],
+        "model_type": "zamba2",
+        "num_hidden_layers": 54,
+        # each hybrid layer runs one of the shared attention + MLP blocks, then its Mamba-2
+        "layers_block_type": ["hybrid" if i in ZAMBA2_2_7B_HYBRID else "mamba" for i in range(54)],
+        "num_mem_blocks": 2,
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_attention_heads": 32,  # over attention_hidden_size 5120: head dim 160
+        "num_key_value_heads": 32,
+        "mamba_d_state": 64,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "n_mamba_heads": 80,  # mamba_headdim 64
+        "mamba_ngroups": 1,
+        "chunk_size": 256,
+        "adapter_rank": 128,
+        "rms_norm_eps": 1e-05,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
         "tie_word_embeddings": True,
         "torch_dtype": "bfloat16",
     },

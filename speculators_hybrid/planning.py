@@ -123,6 +123,7 @@ MAMBA_TYPES = {
     "jamba": "mamba1",
     "lfm2": "short_conv",
     "lfm2_moe": "short_conv",
+    "zamba2": "mamba2",  # its "hybrid" layers: a shared block's attention + Mamba-2
 }
 
 

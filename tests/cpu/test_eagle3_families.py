@@ -1,5 +1,5 @@
 """granitemoehybrid-eagle3, nemotron_h-eagle3, falcon_h1-eagle3, lfm2-eagle3, jamba-eagle3,
-lfm2_moe-eagle3:
+lfm2_moe-eagle3, zamba2-eagle3:
 vLLM's real classes get EAGLE-3 auxiliary hidden states (SupportsEagle3, as vLLM's model runner
 and check-extraction-input ask), and the decoder stack's forward returns them at the ids Qwen3.5
 uses (0 = embeddings, i = residual stream after layer i-1, n = last, pre-norm).
@@ -29,6 +29,7 @@ from speculators_hybrid.vllm_patches import (
     eagle3_lfm2,
     eagle3_lfm2_moe,
     eagle3_nemotron_h,
+    eagle3_zamba2,
 )
 
 GRANITE = {
@@ -167,18 +168,43 @@ LFM2_MOE = {
     "tie_word_embeddings": True,
     "torch_dtype": "float32",
 }
+ZAMBA2 = {
+    "architectures": ["Zamba2ForCausalLM"],
+    "model_type": "zamba2",
+    "num_hidden_layers": 4,
+    "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"],
+    "num_mem_blocks": 1,  # both hybrid layers run the one shared attention + MLP block
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "n_mamba_heads": 8,
+    "mamba_ngroups": 1,
+    "chunk_size": 64,
+    "use_shared_attention_adapter": False,
+    "use_mem_rope": True,
+    "vocab_size": 128,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
 FAMILIES = {
     "granitemoehybrid": (eagle3_granite, GRANITE, "GraniteMoeHybridForCausalLM"),
     "nemotron_h": (eagle3_nemotron_h, NEMOTRON_H, "NemotronHForCausalLM"),
     "falcon_h1": (eagle3_falcon_h1, FALCON_H1, "FalconH1ForCausalLM"),
     "lfm2": (eagle3_lfm2, LFM2, "Lfm2ForCausalLM"),
     "lfm2_moe": (eagle3_lfm2_moe, LFM2_MOE, "Lfm2MoeForCausalLM"),
+    "zamba2": (eagle3_zamba2, ZAMBA2, "Zamba2ForCausalLM"),
     "jamba": (eagle3_jamba, JAMBA, "JambaForCausalLM"),
 }
 # What a family's decoder layer takes and returns (StandIn): "stream" returns the residual
 # stream as its hidden states (and an internal residual), "separate" keeps a separate residual
 # (fused add-RMSNorm: the stream is hidden + residual), "alone" takes and returns the stream
-# only (no residual argument).
+# only (no residual argument); "keywords" as "alone", called as Zamba2's are (the stream, then
+# the embeddings and positions by keyword).
 STYLE = {
     "granitemoehybrid": "stream",
     "nemotron_h": "separate",
@@ -186,6 +212,7 @@ STYLE = {
     "lfm2": "separate",
     "lfm2_moe": "separate",
     "jamba": "separate",
+    "zamba2": "keywords",
 }
 IDS = (0, 1, 3, 4)
 
@@ -248,6 +275,24 @@ class StandIn(torch.nn.Module):
             return out, None, out
         hidden, residual = self(None, x, residual)
         return hidden, residual, (hidden + residual if self.style == "separate" else hidden)
+
+
+class KeywordStandIn(StandIn):
+    """Zamba2's layers: called with the stream, then the embeddings and positions by keyword;
+    they return the stream alone."""
+
+    def forward(self, hidden_states, original_hidden_states, positions):
+        assert original_hidden_states is not None and positions is not None
+        return hidden_states + torch.tanh(hidden_states @ self.weight)
+
+    def stream(self, x, residual):
+        out = self(x, x, torch.arange(len(x)))
+        return out, None, out
+
+
+def _stand_ins(family: str, count: int, hidden: int) -> list[StandIn]:
+    kind = KeywordStandIn if STYLE[family] == "keywords" else StandIn
+    return [kind(i, hidden, STYLE[family]) for i in range(count)]
 
 
 def _built(tmp_path, family: str, on: bool):
@@ -317,6 +362,21 @@ def test_without_the_patch_check_extraction_input_refuses(no_shim, tmp_path, fam
     assert "does not implement vLLM's SupportsEagle3" in message
 
 
+@pytest.fixture(scope="module", autouse=True)
+def gelu_kernel_names():
+    """As test_layer_zero's `kernel_names`: Zamba2's MLP (GeluAndMul) looks up vLLM's compiled
+    gelu kernels when built on the CPU, which do not load here and are never run: define their
+    names only."""
+    missing = [n for n in ("gelu_and_mul", "gelu_tanh_and_mul") if not hasattr(torch.ops._C, n)]
+    if not missing:
+        yield None
+        return
+    lib = torch.library.Library("_C", "FRAGMENT")
+    for name in missing:
+        lib.define(f"{name}(Tensor! out, Tensor input) -> ()")
+    yield lib
+
+
 @pytest.fixture
 def moe_group(distributed, monkeypatch):  # noqa: F811
     """vLLM's expert-parallel group (one rank): `distributed` builds the groups for a dense
@@ -334,7 +394,7 @@ def test_forward_returns_aux_states_at_the_ids(moe_group, tmp_path, family):
     model.set_aux_hidden_state_layers(IDS)  # as vLLM's model runner calls it
     stack = model.model
     hidden = stack.config.hidden_size
-    layers = [StandIn(i, hidden, STYLE[family]) for i in range(len(stack.layers))]
+    layers = _stand_ins(family, len(stack.layers), hidden)
     stack.layers = torch.nn.ModuleList(layers)
     for weight in stack.parameters():  # built with torch.empty: give them values
         torch.nn.init.normal_(weight)
@@ -359,42 +419,82 @@ def test_without_aux_layers_forward_returns_the_tensor_alone(moe_group, tmp_path
     model = _built(tmp_path, family, on=True)
     stack = model.model
     stack.layers = torch.nn.ModuleList(
-        StandIn(i, stack.config.hidden_size, STYLE[family]) for i in range(len(stack.layers))
+        _stand_ins(family, len(stack.layers), stack.config.hidden_size)
     )
     with torch.no_grad():
         out = stack.forward(torch.tensor([1, 2, 3]), torch.arange(3))
     assert isinstance(out, torch.Tensor) and out.shape == (3, stack.config.hidden_size)
 
 
-# --- Against transformers' own model (LFM2, LFM2-MoE) ---------------------------------------
+# --- Against transformers' own model (LFM2, LFM2-MoE, Zamba2) -------------------------------
 # Both sides run their real decoder layers (pre-norms, residual adds; vLLM's fused add-RMSNorm
-# against transformers' plain adds) with the same norm and embedding weights; only the ops
-# inside a layer (short conv, attention, dense MLP / routed experts) are one shared stand-in
-# each, as vLLM's kernels do not run on the CPU. So the ids are checked against what
-# transformers calls the hidden states (`output_hidden_states`: [0] the embeddings, [i] the
-# output of layer i-1), the last one against its last layer's output before `embedding_norm`.
+# against transformers' plain adds; Zamba2's hybrid layers: the shared block on [stream,
+# embeddings], its projection into the Mamba input) with the same norm and embedding weights;
+# only the ops inside a layer (short conv, Mamba mixer, attention, dense MLP / routed experts,
+# Zamba2's projection) are one shared stand-in each, as vLLM's kernels do not run on the CPU.
+# So the ids are checked against what transformers calls the hidden states
+# (`output_hidden_states`: [0] the embeddings, [i] the output of layer i-1), the last one
+# against its last layer's output before the final norm.
 # family -> transformers' config and model classes (by name: vLLM registers configs of its own
 # for some model types with transformers' AutoConfig)
-HF_CLASSES = {"lfm2": ("Lfm2Config", "Lfm2Model"), "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeModel")}
+HF_CLASSES = {
+    "lfm2": ("Lfm2Config", "Lfm2Model"),
+    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeModel"),
+    "zamba2": ("Zamba2Config", "Zamba2Model"),
+}
 
 
 class Op(torch.nn.Module):
     """One op of a layer, for both sides: tanh(x W), taking what each side passes."""
 
-    def __init__(self, seed: int, hidden: int, kind: str):
+    def __init__(self, seed: int, hidden: int, kind: str, width: int | None = None):
         super().__init__()
         gen = torch.Generator().manual_seed(seed)
-        self.weight = torch.randn(hidden, hidden, generator=gen) / hidden**0.5
-        self.kind = kind  # "conv": vLLM writes into `output`; "attention": HF wants a pair
+        width = width or hidden  # Zamba2's shared attention reads [stream, embeddings]
+        self.weight = torch.randn(width, hidden, generator=gen) / width**0.5
+        # "conv": vLLM's ShortConv writes into `output`; "attention": transformers' returns a
+        # pair; "pair": vLLM's linear layers return (out, bias)
+        self.kind = kind
 
     def forward(self, *args, **kwargs):
-        x = kwargs.get("hidden_states", args[-1] if args else None)
+        x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         if self.kind == "conv" and len(args) == 2:  # vLLM's ShortConv(x, output)
-            x, output = args
-            output.copy_(torch.tanh(x @ self.weight))
+            args[1].copy_(torch.tanh(x @ self.weight))
             return None
         out = torch.tanh(x @ self.weight)
-        return (out, None) if self.kind == "attention" and "position_embeddings" in kwargs else out
+        if self.kind == "pair" or (self.kind == "attention" and "position_embeddings" in kwargs):
+            return out, None
+        return out
+
+
+def _wire_lfm2(vllm_stack, hf, hidden: int) -> None:
+    hf.embedding_norm.weight.copy_(vllm_stack.embedding_norm.weight)
+    for i, (mine, hf_layer) in enumerate(zip(vllm_stack.layers, hf.layers, strict=True)):
+        hf_layer.operator_norm.weight.copy_(mine.operator_norm.weight)
+        hf_layer.ffn_norm.weight.copy_(mine.ffn_norm.weight)
+        attention = hasattr(mine, "self_attn")
+        mixer = Op(2 * i, hidden, "attention" if attention else "conv")
+        setattr(mine, "self_attn" if attention else "short_conv", mixer)
+        setattr(hf_layer, "self_attn" if attention else "conv", mixer)
+        mine.feed_forward = hf_layer.feed_forward = Op(2 * i + 1, hidden, "ffn")
+
+
+def _wire_zamba2(vllm_stack, hf, hidden: int) -> None:
+    hf.final_layernorm.weight.copy_(vllm_stack.final_layernorm.weight)
+    hybrid = 0
+    for i, (mine, hf_layer) in enumerate(zip(vllm_stack.layers, hf.layers, strict=True)):
+        if hasattr(mine, "shared_transformer"):  # a hybrid layer: shared block, linear, Mamba
+            block, hf_block = mine.shared_transformer, hf_layer.shared_transformer
+            shared = hybrid % hf.config.num_mem_blocks  # the block both sides cycle to
+            hybrid += 1
+            for norm in ("input_layernorm", "pre_ff_layernorm"):
+                getattr(hf_block, norm).weight.copy_(getattr(block, norm).weight)
+            block.self_attn = hf_block.self_attn = Op(100 + shared, hidden, "attention", 2 * hidden)
+            block.feed_forward = hf_block.feed_forward = Op(200 + shared, hidden, "ffn")
+            mine.linear, hf_layer.linear = Op(3 * i, hidden, "pair"), Op(3 * i, hidden, "ffn")
+            mine, hf_layer = mine.mamba_decoder, hf_layer.mamba_decoder
+        hf_layer.input_layernorm.weight.copy_(mine.input_layernorm.weight)
+        mine.mamba = hf_layer.mamba = Op(3 * i + 1, hidden, "mamba")
 
 
 def _transformers_model(family: str, vllm_stack):
@@ -405,19 +505,10 @@ def _transformers_model(family: str, vllm_stack):
     config = config_class(**fields)
     config._attn_implementation = "eager"
     hf = model_class(config).float().eval()
-    hidden = config.hidden_size
     with torch.no_grad():
         hf.embed_tokens.weight.copy_(vllm_stack.embed_tokens.weight)
-        hf.embedding_norm.weight.copy_(vllm_stack.embedding_norm.weight)
-        for i, (mine, hf_layer) in enumerate(zip(vllm_stack.layers, hf.layers, strict=True)):
-            hf_layer.operator_norm.weight.copy_(mine.operator_norm.weight)
-            hf_layer.ffn_norm.weight.copy_(mine.ffn_norm.weight)
-            attention = hasattr(mine, "self_attn")
-            mixer = Op(2 * i, hidden, "attention" if attention else "conv")
-            ffn = Op(2 * i + 1, hidden, "ffn")
-            setattr(mine, "self_attn" if attention else "short_conv", mixer)
-            setattr(hf_layer, "self_attn" if attention else "conv", mixer)
-            mine.feed_forward = hf_layer.feed_forward = ffn
+        wire = _wire_zamba2 if family == "zamba2" else _wire_lfm2
+        wire(vllm_stack, hf, config.hidden_size)
     return hf
 
 

@@ -39,7 +39,16 @@ def _config(tmp_path, model_type: str, arch: str) -> str:
 
 @pytest.mark.parametrize(
     "model_type",
-    ["qwen3_next", "nemotron_h", "granitemoehybrid", "falcon_h1", "lfm2", "jamba", "lfm2_moe"],
+    [
+        "qwen3_next",
+        "nemotron_h",
+        "granitemoehybrid",
+        "falcon_h1",
+        "lfm2",
+        "jamba",
+        "lfm2_moe",
+        "zamba2",
+    ],
 )
 def test_launch_and_doctor_refuse_where_the_table_says(model_type, tmp_path):
     """In one line, naming the first release that works; elsewhere launch goes ahead."""

@@ -37,6 +37,7 @@ FROM_022 = {
     "lfm2-eagle3",  # likewise
     "jamba-eagle3",  # likewise
     "lfm2_moe-eagle3",  # likewise
+    "zamba2-eagle3",  # likewise
 }
 
 # vLLM release -> the patches it needs (the table README.md shows).

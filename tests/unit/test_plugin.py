@@ -59,6 +59,7 @@ FROM_022 = {
     "lfm2-eagle3",  # likewise
     "jamba-eagle3",  # likewise
     "lfm2_moe-eagle3",  # likewise
+    "zamba2-eagle3",  # likewise
 }
 HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
 RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2
