@@ -19,7 +19,11 @@ from speculators_hybrid.vllm_patches.chunked_prompts import PATCH as CHUNKED_PRO
 from speculators_hybrid.vllm_patches.extraction_input import id_problems as id_problems
 from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error
 from speculators_hybrid.vllm_patches.hidden_read import PATCH as READ_SLOTS
-from speculators_hybrid.vllm_patches.prefix_caching import OPT_IN_ENV, opt_in_allowed
+from speculators_hybrid.vllm_patches.prefix_caching import (
+    OPT_IN_ENV,
+    STOCK_REFUSES_CHUNKED,
+    opt_in_allowed,
+)
 from speculators_hybrid.vllm_patches.prefix_caching import PATCH as NO_PREFIX_CACHING
 from speculators_hybrid.vllm_patches.writer import ASYNC_ENV
 
@@ -27,8 +31,6 @@ PLUGIN = "speculators_hybrid"
 NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill"
 LANGUAGE_ONLY = "--language-model-only"
 FIRST_LANGUAGE_ONLY = Version("0.20.1")  # MultiModalConfig.language_model_only
-# vLLM PR 37374 made ExampleHiddenStatesConnector refuse chunked prefill; PR 43805 lifted it.
-STOCK_REFUSES_CHUNKED = (Version("0.22.0"), Version("0.24.0"))
 OWN_CONNECTOR_BEFORE = Version("0.22")  # below it our connector writes the files (writer.py)
 FIRST_WAITING_READER = Version("0.6")  # speculators' readers wait on `<path>.lock` from 0.6.0
 TP_FLAGS = ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")

@@ -46,7 +46,9 @@ from speculators_hybrid.vllm_patches.hma_config import CONNECTOR, is_hybrid_extr
 logger = logging.getLogger("vllm.speculators_hybrid")
 OPT_IN_ENV = "SPECULATORS_HYBRID_PREFIX_CACHING"
 FIRST_OPT_IN = Version("0.22")
-STOCK_TAKES_CHUNKS = Version("0.24")  # 0.22-0.23: only our connector (chunked_prompts.py)
+# vLLM PR 37374 made ExampleHiddenStatesConnector refuse chunked prefill; PR 43805 lifted it.
+STOCK_REFUSES_CHUNKED = (Version("0.22.0"), Version("0.24.0"))
+STOCK_TAKES_CHUNKS = STOCK_REFUSES_CHUNKED[1]  # before it, only our connector (chunked_prompts.py)
 
 # VllmConfig.__post_init__, which other patches wrap too (chunked_prompts.py)
 POST_INIT_FINGERPRINTS = (
