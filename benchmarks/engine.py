@@ -151,6 +151,20 @@ def check_file(path: str, prompt: list[int], n_ids: int, hidden: int) -> str | N
     return None
 
 
+def digest(path: str) -> dict[str, Any]:
+    """One of the first pass's files, to tell two modes' files apart: the SHA-256 of its
+    hidden-state bytes (equal = bit-identical), read through the safetensors header."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        entry = json.loads(f.read(n))["hidden_states"]
+        start, end = entry["data_offsets"]
+        f.seek(8 + n + start)
+        raw = f.read(end - start)
+    return {"sha256": hashlib.sha256(raw).hexdigest(), "shape": entry["shape"]}
+
+
 def clear(folder: str) -> None:
     """Delete the files (and their locks) of a pass."""
     for path in Path(folder).iterdir():
@@ -266,7 +280,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     for w in range(spec["warmup"]):
         one_pass(llm, spec, make_prompts(lengths, spec["vocab"], 1000 + w, shared))
         clear(spec["storage"])
-    rows, problems = [], []
+    rows, problems, digests = [], [], []
     for r in range(spec["repeats"]):
         prompts = make_prompts(lengths, spec["vocab"], r, shared)
         row = one_pass(llm, spec, prompts)
@@ -277,6 +291,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                     problems.append(f"{path}: no file")
                 elif issue := check_file(path, prompt, len(spec["layer_ids"]), spec["hidden"]):
                     problems.append(f"{path}: {issue}")
+            digests = [digest(p) for p in paths[:2] if p and os.path.exists(p)]
         clear(spec["storage"])
         rows.append(row)
         print(f"bench-engine: pass {r} {row}", flush=True)
@@ -304,6 +319,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             rows, lambda r: 1e3 * r["cpu_s"]["engine"] / r["steps_est"]
         ),
         "profiled_pass": profiled,
+        "first_files": digests,
         "file_problems": problems[:10],
         "file_problem_count": len(problems),
     }

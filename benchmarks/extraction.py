@@ -9,7 +9,11 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
            (`planning.extraction_args`), timed until `generate` returns and until every
            file is complete (see `engine.py`);
 - extract-instep: extract with SPECULATORS_HYBRID_ASYNC_WRITES=0 (files written in the step);
-- extract-nofiles: extract with the file path cut off (benchmarks/nofiles.py, vLLM < 0.22).
+- extract-nofiles: extract with the file path cut off (benchmarks/nofiles.py, vLLM < 0.22);
+- extract-wide / extract-onelayer: extract with SPECULATORS_HYBRID_WIDE_HIDDEN=1 / =0 (the
+  hidden states in one group as wide as the model's, the default on vLLM < 0.22 with prefix
+  caching off, or in one-layer groups);
+- extract-prefill-only: extract with SPECULATORS_HYBRID_PREFILL_ONLY=1 (no spare state block).
 
 Workloads: `fixed` (N prompts x L tokens), `chat` (N prompts, seeded log-uniform lengths
 of 100-8,000 tokens) or `shared-prefix` (N prompts x L tokens whose first `--shared-prefix-len`
@@ -71,7 +75,22 @@ def control_sizes(size: str) -> dict[str, int]:
 KINDS = ("control", "hybrid")
 SIZES = ("wide-8l", "tiny", "qwen3.6-27b-like")
 DUMMY_SIZES = ("qwen3.6-27b-like",)  # config.json only; the others: checkpoint + local tokenizer
-MODES = ("plain", "extract", "extract-instep", "extract-nofiles")
+MODES = (
+    "plain",
+    "extract",
+    "extract-instep",
+    "extract-nofiles",
+    "extract-wide",
+    "extract-onelayer",
+    "extract-prefill-only",
+)
+# The environment each extraction mode adds to the engine's (the opt-in switches of the plugin).
+MODE_ENV: dict[str, dict[str, str]] = {
+    "extract-instep": {"SPECULATORS_HYBRID_ASYNC_WRITES": "0"},  # files written inside the step
+    "extract-wide": {"SPECULATORS_HYBRID_WIDE_HIDDEN": "1"},  # vllm_patches/wide_hidden.py
+    "extract-onelayer": {"SPECULATORS_HYBRID_WIDE_HIDDEN": "0"},  # one-layer KV-cache groups
+    "extract-prefill-only": {"SPECULATORS_HYBRID_PREFILL_ONLY": "1"},  # no spare state block
+}
 WORKLOADS = ("fixed", "chat", "shared-prefix")
 SHARED_PREFIX = 1000  # tokens of the shared-prefix workload's common system prompt
 SHARED_PROMPT = 2000  # its prompts' length unless --prompt-len is given
@@ -252,8 +271,7 @@ def engine_env(plugin: str, mode: str = "plain") -> dict[str, str]:
     env.pop("SPECULATORS_HYBRID_DISABLE", None)  # the flag decides
     if plugin == "off":
         env["SPECULATORS_HYBRID_DISABLE"] = "1"
-    if mode == "extract-instep":
-        env[ASYNC_WRITES] = "0"  # files written inside the engine step
+    env.update(MODE_ENV.get(mode, {}))
     if mode == "extract-nofiles":  # the engine core imports benchmarks.nofiles
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
@@ -385,6 +403,9 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
         "plugin_flag": args.plugin,
         "SPECULATORS_HYBRID_DISABLE": engine_env(args.plugin).get("SPECULATORS_HYBRID_DISABLE"),
         ASYNC_WRITES: engine_env(args.plugin, mode).get(ASYNC_WRITES),  # as the engine had it
+        "switches": {  # every SPECULATORS_HYBRID_* variable the engine had
+            k: v for k, v in engine_env(args.plugin, mode).items() if k.startswith("SPECULATORS_")
+        },
         "wall_s": time.perf_counter() - t,
     }
     table = Path(spec["profile_dir"] or "-") / "profiler_out_0.txt"

@@ -204,6 +204,49 @@ def test_instep_mode_extracts_with_writes_in_the_step(monkeypatch):
     assert instep == engine.engine_kwargs(spec("extract"), set())  # only the variable differs
 
 
+@pytest.mark.parametrize(
+    ("mode", "variable", "value"),
+    [
+        ("extract-wide", "SPECULATORS_HYBRID_WIDE_HIDDEN", "1"),
+        ("extract-onelayer", "SPECULATORS_HYBRID_WIDE_HIDDEN", "0"),
+        ("extract-prefill-only", "SPECULATORS_HYBRID_PREFILL_ONLY", "1"),
+    ],
+)
+def test_layout_modes_differ_from_extract_by_one_variable(monkeypatch, mode, variable, value):
+    monkeypatch.delenv(variable, raising=False)
+    assert bench.engine_env("on", mode)[variable] == value
+    assert variable not in bench.engine_env("on", "extract")
+    assert engine.writes_files(mode)
+    assert engine.engine_kwargs(spec(mode), set()) == engine.engine_kwargs(spec("extract"), set())
+
+
+def test_file_digest_tells_equal_files_from_different_ones(tmp_path):
+    """`digest` hashes the hidden-state bytes only, wherever the header puts them: the same
+    states after other token ids hash the same, one changed byte does not."""
+    states = bytes(range(48))  # [2, 3, 4] bf16
+
+    def write(name: str, data: bytes, tokens: list[int]) -> str:
+        ids = struct.pack(f"<{len(tokens)}q", *tokens)  # token ids first in the data
+        header = {
+            "token_ids": {"dtype": "I64", "shape": [len(tokens)], "data_offsets": [0, len(ids)]},
+            "hidden_states": {
+                "dtype": "BF16",
+                "shape": [2, 3, 4],
+                "data_offsets": [len(ids), len(ids) + len(data)],
+            },
+        }
+        raw = json.dumps(header).encode()
+        path = tmp_path / name
+        path.write_bytes(struct.pack("<Q", len(raw)) + raw + ids + data)
+        return str(path)
+
+    a = engine.digest(write("a", states, [5, 6]))
+    b = engine.digest(write("b", states, [7, 8]))
+    c = engine.digest(write("c", states[:-1] + b"\x01", [5, 6]))
+    assert a == b and a["sha256"] != c["sha256"]
+    assert a["shape"] == [2, 3, 4]
+
+
 def test_nofiles_mode_runs_the_benchmark_connector_and_expects_no_files():
     kw = engine.engine_kwargs(spec("extract-nofiles"), set())
     transfer = kw["kv_transfer_config"]
