@@ -131,7 +131,7 @@ def plan_once(name: str, setup: planning.Setup, memory_bytes: int) -> tuple[Plan
         transfer = config.kv_transfer_config
         result.connector = transfer.kv_connector if transfer else ""
         result.prefix_caching = bool(config.cache_config.enable_prefix_caching)
-        specs = planning.layer_specs(config)
+        specs = planning.layer_specs(config, wide=True)  # the layout the engine makes
         kv = planning.plan(config, specs, memory_bytes)
     except Exception as exc:  # vLLM's own start-up error is the finding
         result.error = vllm_error(exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from speculators_hybrid.vllm_patches import prefill_only
+from speculators_hybrid.vllm_patches import prefill_only, wide_hidden
 
 GPU_DEFAULT_BLOCK = 16  # vLLM's default block size on CUDA before backend/hybrid alignment
 
@@ -96,18 +96,40 @@ def align_for_gpu(config: Any) -> None:
 
 def hidden_state_layer(config: Any) -> tuple[str, Any]:
     """vLLM's own extraction layer, built as `ExtractHiddenStatesModel` builds it."""
+    return hidden_state_layers(config, wide=False)[0]
+
+
+def hidden_state_layers(config: Any, wide: bool = True) -> list[tuple[str, Any]]:
+    """vLLM's own extraction layer, built as `ExtractHiddenStatesModel` builds it, or (`wide`)
+    the W slices of `hidden-states-wide-group` where that patch is applied and on for this
+    config."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
 
     ids = config.speculative_config.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids
     n = config.model_config.get_total_num_hidden_layers()
-    name = f"cache_only_layers.{n}"
-    config.compilation_config.static_forward_context.pop(name, None)
-    with set_current_vllm_config(config):
-        layer = CacheOnlyAttentionLayer(
-            num_heads=len(ids), head_size=config.model_config.get_hidden_size(), prefix=name
-        )
-    return name, layer
+    name, hidden = f"cache_only_layers.{n}", config.model_config.get_hidden_size()
+    width = wide_width(config, hidden) if wide else 1
+    names = [name] if width == 1 else [wide_hidden.slice_name(name, j) for j in range(width)]
+    layers = []
+    for each in names:
+        config.compilation_config.static_forward_context.pop(each, None)
+        with set_current_vllm_config(config):
+            layer = CacheOnlyAttentionLayer(
+                num_heads=len(ids), head_size=hidden // width, prefix=each
+            )
+        layers.append((each, layer))
+    return layers
+
+
+def wide_width(config: Any, hidden: int) -> int:
+    """W of `hidden-states-wide-group` for this config, 1 where it does not apply."""
+    from speculators_hybrid.plugin import patcher
+
+    if wide_hidden.PATCH.id not in patcher().applied() or not wide_hidden.enabled(config):
+        return 1
+    width = wide_hidden.group_width(model_layer_specs(config).values())
+    return width if width > 1 and hidden % width == 0 else 1
 
 
 ATTENTION_TYPES = frozenset({"full_attention", "attention"})
@@ -183,8 +205,10 @@ def model_layer_specs(config: Any) -> dict[str, Any]:
     return specs
 
 
-def layer_specs(config: Any) -> dict[str, Any]:
-    """All per-layer KV-cache specs one GPU worker would report, extraction layer included.
+def layer_specs(config: Any, wide: bool = False) -> dict[str, Any]:
+    """All per-layer KV-cache specs one GPU worker would report, extraction layer included:
+    vLLM's one layer, or with `wide` the engine's layout (the W slices of
+    `hidden-states-wide-group` where it applies; `doctor` plans that).
 
     Order as on the GPU: layers are built with the default block size, then aligned.
     """
@@ -192,11 +216,10 @@ def layer_specs(config: Any) -> dict[str, Any]:
     cache.block_size = GPU_DEFAULT_BLOCK
     if cache.mamba_cache_mode == "align":
         cache.mamba_block_size = GPU_DEFAULT_BLOCK
-    hidden = hidden_state_layer(config) if config.speculative_config else None
+    hidden = hidden_state_layers(config, wide) if config.speculative_config else []
     align_for_gpu(config)
     specs = model_layer_specs(config)
-    if hidden is not None:
-        name, layer = hidden
+    for name, layer in hidden:
         specs[name] = layer.get_kv_cache_spec(config)
     return specs
 

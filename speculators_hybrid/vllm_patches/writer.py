@@ -23,6 +23,7 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any
 
+from speculators_hybrid import switches
 from speculators_hybrid.vllm_patches.provenance_meta import save_whole
 
 if TYPE_CHECKING:  # importable without torch: the launcher reads ASYNC_ENV
@@ -36,10 +37,9 @@ ASYNC_KEY = "async_writes"  # in kv_connector_extra_config
 
 def async_enabled(extra_config: Any) -> bool:
     """On unless `async_writes` is false in the extra config or the variable is 0/false/no."""
-    off = ("0", "false", "no")
-    if str(os.environ.get(ASYNC_ENV, "")).strip().lower() in off:
+    if switches.off(ASYNC_ENV):
         return False
-    return str(extra_config(ASYNC_KEY, True)).strip().lower() not in off
+    return str(extra_config(ASYNC_KEY, True)).strip().lower() not in switches.OFF
 
 
 class FileWriter:

@@ -1,5 +1,5 @@
-"""hidden-states-wide-group (opt-in, vLLM < 0.22): the hidden states in one KV-cache group as
-wide as the model's, on real vLLM classes on the CPU.
+"""hidden-states-wide-group (vLLM < 0.22; the default with prefix caching off): the hidden states
+in one KV-cache group as wide as the model's, on real vLLM classes on the CPU.
 
 The extraction model is vLLM's `ExtractHiddenStatesModel`, built the way the proposer builds
 it: after the target, whose layers are in the forward context (stand-ins here, reporting the
@@ -43,11 +43,6 @@ GIB20 = 20 << 30
 @pytest.fixture
 def wide(shim, monkeypatch):
     monkeypatch.setenv(wide_hidden.WIDE_ENV, "1")
-
-
-@pytest.fixture
-def narrow(shim, monkeypatch):
-    monkeypatch.delenv(wide_hidden.WIDE_ENV, raising=False)
 
 
 @cache
@@ -137,7 +132,7 @@ def describe(kv) -> list[tuple[str, int, int]]:
 
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["no-prefix-cache", "prefix-cache"])
 def test_the_hidden_group_is_as_wide_as_the_models(monkeypatch, shim, prefix_caching):
-    monkeypatch.delenv(wide_hidden.WIDE_ENV, raising=False)
+    monkeypatch.setenv(wide_hidden.WIDE_ENV, "0")
     config, today, _ = plan(prefix_caching)
     monkeypatch.setenv(wide_hidden.WIDE_ENV, "1")
     config, kv, model = plan(prefix_caching)
@@ -145,7 +140,7 @@ def test_the_hidden_group_is_as_wide_as_the_models(monkeypatch, shim, prefix_cac
     print(f"  {kv_tokens(config, today):,} KV tokens, {today.num_blocks} blocks")
     print(f"wide: {describe(kv)}, {kv_tokens(config, kv):,} KV tokens, {kv.num_blocks} blocks")
 
-    # Switch off: today's one-layer groups (48 GDN + 16 attention + 1 hidden).
+    # Switched off (=0): one-layer groups (48 GDN + 16 attention + 1 hidden).
     assert len(today.kv_cache_groups) == 65
     assert all(len(g.layer_names) == 1 for g in today.kv_cache_groups)
     # On: vLLM's own 4 groups of 16 (3 GDN, 1 attention) and one hidden group of 16 slices.
@@ -178,6 +173,38 @@ def test_the_hidden_group_is_as_wide_as_the_models(monkeypatch, shim, prefix_cac
     # What vLLM reports: max_model_len 8192 rounds up to whole blocks of 16 pages (13 x 665
     # tokens without prefix caching; 20 x 416 with it) where today rounds to single pages.
     assert kv_tokens(config, kv) >= kv_tokens(config, today) * (0.85 if prefix_caching else 0.98)
+
+
+@pytest.mark.parametrize(
+    ("value", "prefix_caching", "groups"),
+    [(None, False, 5), (None, True, 65), ("1", True, 5), ("0", False, 65)],
+    ids=["default-no-prefix-cache", "default-prefix-cache", "forced-on", "forced-off"],
+)
+def test_wide_by_default_where_prefix_caching_is_off(
+    monkeypatch, shim, value, prefix_caching, groups
+):
+    """Unset: W layers with prefix caching off (vLLM 0.20-0.21's default for hybrids), one
+    layer with it on (W-page blocks would cost 8.2% of the KV tokens); the variable decides
+    where set."""
+    if value is None:
+        monkeypatch.delenv(wide_hidden.WIDE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(wide_hidden.WIDE_ENV, value)
+    config, kv, model = plan(prefix_caching)
+    assert len(kv.kv_cache_groups) == groups
+    assert len(model.cache_only_layers) == (16 if groups == 5 else 1)
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["no-prefix-cache", "prefix-cache"])
+def test_doctor_plans_the_engines_layout(monkeypatch, shim, prefix_caching):
+    """`planning.layer_specs(wide=True)` (doctor's plan) = the plan of the real model's layers."""
+    monkeypatch.delenv(wide_hidden.WIDE_ENV, raising=False)
+    config, engine, _ = plan(prefix_caching)
+    doctor_config = config_for(prefix_caching=prefix_caching)
+    doctor = planning.plan(doctor_config, planning.layer_specs(doctor_config, wide=True), GIB20)
+    assert describe(doctor) == describe(engine)
+    assert doctor.num_blocks == engine.num_blocks
+    assert kv_tokens(doctor_config, doctor) == kv_tokens(config, engine)
 
 
 def test_engine_block_size_stays_the_models(wide):
