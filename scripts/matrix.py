@@ -214,7 +214,9 @@ def _cell(patch: Any, release: str) -> str:
     if patch.needed_for(release):
         return APPLIED
     earlier = [r for r in support.VLLM if Version(r) < Version(release)]
-    return FIXED if any(patch.needed_for(r) for r in earlier) else NOT_NEEDED
+    later = [r for r in support.VLLM if Version(r) > Version(release)]
+    ended = not any(patch.needed_for(r) for r in later)  # a gap in its range is not a fix
+    return FIXED if ended and any(patch.needed_for(r) for r in earlier) else NOT_NEEDED
 
 
 def support_table() -> str:
@@ -252,7 +254,7 @@ def support_table() -> str:
 
 FAMILY_START = "<!-- family table: made by `python scripts/matrix.py table`, do not edit -->\n"
 FAMILY_END = "<!-- end of family table -->\n"
-EXTRACTS, REFUSED = "●", "✗"
+EXTRACTS, GPU_MATCHED, REFUSED = "●", "◉", "✗"
 
 
 def family_table() -> str:
@@ -261,13 +263,12 @@ def family_table() -> str:
 
     releases = list(support.VLLM)
     lines = [
-        f"Hybrid model family x vLLM release (with this plugin): {EXTRACTS} extracts, "
-        f"{REFUSED} refused by `launch` and `doctor` (the model class has no EAGLE-3 hidden "
-        "states there; the last column names the first release that has them). Other (dense) "
-        "models: vLLM's own path. Checked against each release's classes by "
-        "`tests/cpu/test_families.py`. Extraction matched HuggingFace on a GPU for Qwen3.5 "
-        f"only (vLLM {', '.join(support.GPU_PROVEN)}); the other ● are proven on the CPU "
-        "(planning, EAGLE-3 wiring), not yet on a GPU.",
+        f"Hybrid model family x vLLM release (with this plugin): {GPU_MATCHED} extracts and "
+        f"matched transformers on an H200, {EXTRACTS} extracts (proven on the CPU: planning, "
+        f"EAGLE-3 wiring), {REFUSED} refused by `launch` and `doctor` (the model class has no "
+        "EAGLE-3 hidden states there; the last column names the first release that has "
+        "them). Other (dense) models: vLLM's own path. Checked against each release's classes "
+        "by `tests/cpu/test_families.py`; GPU runs in `tests/gpu/results/`.",
         "",
         "| model_type | vLLM class | "
         + " | ".join(r.removeprefix("0.") for r in releases)
@@ -275,7 +276,11 @@ def family_table() -> str:
         "|---|---|" + "---|" * (len(releases) + 1),
     ]
     for f in FAMILIES:
-        cells = [EXTRACTS if f.extracts_on(r) else REFUSED for r in releases]
+        proven = support.FAMILY_GPU_PROVEN.get(f.model_type, ())
+        cells = [
+            (GPU_MATCHED if r in proven else EXTRACTS) if f.extracts_on(r) else REFUSED
+            for r in releases
+        ]
         lines.append(
             f"| `{f.model_type}` | `{f.architecture}` | "
             + " | ".join(cells)

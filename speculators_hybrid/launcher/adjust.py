@@ -20,6 +20,7 @@ from speculators_hybrid.vllm_patches.extraction_input import id_problems as id_p
 from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error
 from speculators_hybrid.vllm_patches.hidden_read import PATCH as READ_SLOTS
 from speculators_hybrid.vllm_patches.prefix_caching import (
+    FIRST_OPT_IN,
     OPT_IN_ENV,
     STOCK_REFUSES_CHUNKED,
     opt_in_allowed,
@@ -183,6 +184,11 @@ def vllm_notes(
         notes.append(
             f"vLLM {version}: the plugin turns prefix caching off for hybrid extraction "
             f"(cache hits gave wrong hidden states; {NO_PREFIX_CACHING.id})"
+        )
+    elif plugin and v >= FIRST_OPT_IN:  # retired there: hits GPU-proven with the plugin
+        notes.append(
+            f"--enable-prefix-caching: vLLM {version}: the plugin keeps it on (files after "
+            "prefix-cache hits matched transformers on a GPU with its fixes)"
         )
     elif stock_refuses_chunked(version):
         notes.append(

@@ -24,7 +24,7 @@ BEFORE_022 = {
     "files-whole-when-generate-returns",
     OWN_PAGE,
     "nemotron_h-eagle3",  # vLLM 0.22 adds SupportsEagle3 to NemotronH
-    "hidden-states-wide-group",  # opt-in (SPECULATORS_HYBRID_WIDE_HIDDEN)
+    "hidden-states-wide-group",  # the default with prefix caching off
 }
 FROM_022 = {
     PROVENANCE,
@@ -50,7 +50,9 @@ NEEDED = {
     "0.22.1": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS},
     "0.23.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS},  # reads as 0.22 does: no READ_SLOTS
     "0.24.0": FROM_022 | {WHOLE} | {TEXT_ONLY, PAD_SLOTS, READ_SLOTS, PREFIX_HIT},
-    "0.25.0": FROM_022 | {WHOLE} | {TEXT_ONLY, PREFIX_HIT},
+    # prefix caching GPU-proven with the hit fix: no-prefix-caching-for-hybrid-extraction retired
+    "0.25.0": FROM_022 - {"no-prefix-caching-for-hybrid-extraction"}
+    | {WHOLE, TEXT_ONLY, PREFIX_HIT},
     "0.25.1": FROM_022 | {WHOLE} | {TEXT_ONLY, PREFIX_HIT},
     "0.26.0": FROM_022 | {WHOLE} | {TEXT_ONLY, PREFIX_HIT},
     # 0.27.0 registers the text-only classes and reconciles a diverged per-group hit

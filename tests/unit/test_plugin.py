@@ -47,7 +47,7 @@ BEFORE_022 = {
     "hidden-states-write-slots",
     "files-whole-when-generate-returns",  # our connector writes off the step
     "nemotron_h-eagle3",  # vLLM 0.22 adds SupportsEagle3 to NemotronH
-    "hidden-states-wide-group",  # opt-in (SPECULATORS_HYBRID_WIDE_HIDDEN)
+    "hidden-states-wide-group",  # the default with prefix caching off
 }
 FROM_022 = {
     "hidden-block-divides-engine-block",
@@ -86,7 +86,8 @@ WHOLE = {  # 0.24+ save at request_finished, and make each request's lock in wai
             | HIT
             | WHOLE,
         ),
-        ("0.25.0", EVERY | FROM_022 | HIT | WHOLE),
+        # no-prefix-caching-for-hybrid-extraction retired: hits GPU-proven with the fixes
+        ("0.25.0", EVERY | (FROM_022 - {"no-prefix-caching-for-hybrid-extraction"}) | HIT | WHOLE),
         ("0.29.0", (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1 | WHOLE),
     ],
 )
