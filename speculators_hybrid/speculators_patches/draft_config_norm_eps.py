@@ -1,10 +1,12 @@
 """The default draft config builds for Nemotron-H and LFM2 verifiers (their own norm eps).
 
+(LFM2 here means `lfm2` and `lfm2_moe`: both name the eps `norm_eps`.)
+
 Why: without `--draft-config`, `speculators train` builds the drafter's decoder config with
 `speculators.train.cli.create_transformer_layer_config`, which copies `rms_norm_eps` from the
 verifier's config (it becomes the eps of the frozen verifier norm, too) and, when no
 `--draft-hidden-act` is given, `hidden_act`. Nemotron-H configs (`nemotron_h`) name the eps
-`layer_norm_epsilon` and LFM2 configs (`lfm2`) name it `norm_eps`, and neither has a
+`layer_norm_epsilon` and LFM2 configs (`lfm2`, `lfm2_moe`) name it `norm_eps`, and neither has a
 `hidden_act`, so the builder raises AttributeError and users must hand-write a `--draft-config`,
 where nothing checks that its eps is the verifier's (a wrong one is silent).
 How: around `create_transformer_layer_config` (speculators 0.8.0+; 0.7.0 builds the config in
@@ -31,7 +33,7 @@ from speculators_hybrid.registry import Patch, Target
 logger = logging.getLogger("speculators_hybrid")
 
 # model_type -> the config field holding the eps of its final RMSNorm
-EPS_FIELDS = {"nemotron_h": "layer_norm_epsilon", "lfm2": "norm_eps"}
+EPS_FIELDS = {"nemotron_h": "layer_norm_epsilon", "lfm2": "norm_eps", "lfm2_moe": "norm_eps"}
 DEFAULT_HIDDEN_ACT = "silu"  # `speculators train --draft-hidden-act`'s default
 
 _LOCK = threading.RLock()

@@ -40,6 +40,7 @@ def _config(model_type: str, **fields):
         (_config("nemotron_h", layer_norm_epsilon=1e-5), (1e-5, "silu")),
         (_config("lfm2", norm_eps=2e-5), (2e-5, "silu")),
         (_config("lfm2", norm_eps=2e-5, hidden_act="gelu"), (2e-5, "gelu")),
+        (_config("lfm2_moe", norm_eps=3e-5), (3e-5, "silu")),
         (_config("nemotron_h", layer_norm_epsilon=1e-5, hidden_activation="gelu"), (1e-5, None)),
         (_config("nemotron_h", layer_norm_epsilon=1e-5, rms_norm_eps=3e-6), (3e-6, "silu")),
         (_config("llama", norm_eps=1e-5), (None, None)),  # not these families: left alone

@@ -33,7 +33,7 @@ from tiny_models import (
 NEMOTRON_UNREAD = VERSION < Version("0.9.0")
 # speculators 0.5.0 asks for exactly `model.norm.weight`: Falcon-H1 and Jamba
 # (`model.final_layernorm`) and LFM2 (`model.embedding_norm`) give no match (ValueError).
-FINAL_NORM_UNREAD = ("falcon_h1", "jamba", "lfm2") if VERSION < Version("0.6.0") else ()
+FINAL_NORM_UNREAD = ("falcon_h1", "jamba", "lfm2", "lfm2_moe") if VERSION < Version("0.6.0") else ()
 # model_type -> the factor transformers applies to lm_head(norm(h)) that speculators leaves out
 LOGIT_SCALE = {
     "granitemoehybrid": 1 / GRANITE_H_TINY_SCALES["logits_scaling"],
@@ -242,7 +242,7 @@ DRAFT_CONFIG_BUILT = pytest.mark.skipif(
     reason="speculators 0.7.0 builds the draft config in scripts/train.py, outside the wheel",
 )
 # model_type -> the eps field of configs without `rms_norm_eps` (and without `hidden_act`)
-OWN_EPS_FIELD = {"nemotron_h": "layer_norm_epsilon", "lfm2": "norm_eps"}
+OWN_EPS_FIELD = {"nemotron_h": "layer_norm_epsilon", "lfm2": "norm_eps", "lfm2_moe": "norm_eps"}
 
 
 def _draft_config(ref: Reference, draft_arch: str, hidden_act: str | None):
@@ -288,7 +288,7 @@ def test_default_draft_config_gives_the_models_logits(
     """End to end without --draft-config: the drafter built on the default draft config has the
     verifier's own final-norm eps, and its targets are the model's logits."""
     _unread(request, model_type)
-    if model_type == "lfm2" and algorithm == "dflash":
+    if model_type in ("lfm2", "lfm2_moe") and algorithm == "dflash":
         from huggingface_hub.errors import StrictDataclassFieldValidationError
 
         _xfail(

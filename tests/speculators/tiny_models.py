@@ -122,7 +122,7 @@ FALCON_H1_05B_SCALES = dict(
     mlp_multipliers=[0.8838834764831844, 0.5859375],
     ssm_multipliers=[0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
 )
-HYBRID = ("nemotron_h", "granitemoehybrid", "falcon_h1", "jamba", "lfm2", "qwen3_next")
+HYBRID = ("nemotron_h", "granitemoehybrid", "falcon_h1", "jamba", "lfm2", "lfm2_moe", "qwen3_next")
 # model_type -> (final-norm module under the model's base, the config field holding its eps)
 FINAL_NORM = {
     "nemotron_h": ("norm_f", "layer_norm_epsilon"),
@@ -130,6 +130,7 @@ FINAL_NORM = {
     "falcon_h1": ("final_layernorm", "rms_norm_eps"),
     "jamba": ("final_layernorm", "rms_norm_eps"),
     "lfm2": ("embedding_norm", "norm_eps"),
+    "lfm2_moe": ("embedding_norm", "norm_eps"),
     "qwen3_next": ("norm", "rms_norm_eps"),
 }
 
@@ -200,6 +201,17 @@ def family_config(model_type: str) -> tf.PretrainedConfig:
             **base,
             num_hidden_layers=4,
             layer_types=["conv", "full_attention", "conv", "conv"],
+            norm_eps=1e-5,
+            tie_word_embeddings=True,
+        ),
+        "lfm2_moe": lambda: tf.Lfm2MoeConfig(
+            **base,
+            num_hidden_layers=4,
+            layer_types=["conv", "full_attention", "conv", "conv"],
+            moe_intermediate_size=64,
+            num_dense_layers=1,
+            num_experts=4,
+            num_experts_per_tok=2,
             norm_eps=1e-5,
             tie_word_embeddings=True,
         ),
