@@ -296,14 +296,22 @@ PATCHES_README = PATCHES_DIR / "README.md"
 
 
 def _releases(project: str, found: list[str]) -> str:
-    """`found` releases, a run of consecutive matrix releases as `first – last (n)`."""
+    """`found` releases; each run of more than 3 consecutive matrix releases as
+    `first – last (n)`."""
     matrix = list(support.VLLM if project == "vllm" else support.SPECULATORS)
     name = "vLLM" if project == "vllm" else "speculators"
-    found = sorted(found, key=Version)
-    run = [r for r in matrix if Version(found[0]) <= Version(r) <= Version(found[-1])]
-    if len(found) > 3 and run == found:
-        return f"{name} {found[0]} – {found[-1]} ({len(found)})"
-    return f"{name} {', '.join(found)}"
+    runs: list[list[str]] = []
+    for release in sorted(found, key=Version):
+        at = matrix.index(release) if release in matrix else None
+        last = runs[-1][-1] if runs else None
+        if runs and at is not None and last in matrix and matrix.index(last) == at - 1:
+            runs[-1].append(release)
+        else:
+            runs.append([release])
+    parts = []
+    for run in runs:
+        parts += [f"{run[0]} – {run[-1]} ({len(run)})"] if len(run) > 3 else run
+    return f"{name} {', '.join(parts)}"
 
 
 def diff_table() -> str:

@@ -49,3 +49,28 @@ def test_a_lock_made_for_other_requirements_is_reported(tmp_path, monkeypatch):
     (tmp_path / "unit.txt").write_text("# old\npytest==7.0\n")
     monkeypatch.setattr(matrix, "LOCKS", tmp_path)
     assert any("unit.txt was made for other requirements" in p for p in matrix.problems())
+
+
+def test_release_lists_name_runs_and_keep_gaps():
+    """A patch retired on one release inside its range: two runs, neither hides the gap."""
+    matrix = _matrix()
+    vllm = list(support.VLLM)
+    gap = vllm.index("0.25.0")
+    text = matrix._releases("vllm", vllm[4:gap] + vllm[gap + 1 :])
+    assert text == f"vLLM 0.22.0 – 0.24.0 (4), 0.25.1 – {vllm[-1]} ({len(vllm) - gap - 1})"
+    assert matrix._releases("vllm", ["0.22.0", "0.22.1", "0.23.0"]) == "vLLM 0.22.0, 0.22.1, 0.23.0"
+
+
+def test_a_gap_in_a_patch_range_is_not_called_fixed():
+    from speculators_hybrid.registry import Patch
+
+    matrix = _matrix()
+    patch = Patch(
+        id="x", project="vllm", versions=">=0.22,!=0.25.0", fixed_upstream="", why="", targets=()
+    )
+    assert matrix._cell(patch, "0.25.0") == matrix.NOT_NEEDED
+    assert matrix._cell(patch, "0.25.1") == matrix.APPLIED
+    ended = Patch(
+        id="y", project="vllm", versions=">=0.20,<0.22", fixed_upstream="", why="", targets=()
+    )
+    assert matrix._cell(ended, "0.25.0") == matrix.FIXED
