@@ -120,6 +120,7 @@ import speculators
 from speculators.train.cli import create_transformer_layer_config
 from tiny_models import HYBRID, family_eps, write_family
 print("FROM", speculators.__file__)
+print("FAMILIES", len(HYBRID))
 root = Path(tempfile.mkdtemp())
 warnings.simplefilter("ignore")
 for model_type in HYBRID:
@@ -145,5 +146,7 @@ def test_patched_source_builds_the_draft_config_with_the_verifiers_eps(tmp_path)
     lines = done.stdout.splitlines()
     assert f"FROM {copy / '__init__.py'}" in lines
     found = [line.split()[1:] for line in lines if line.startswith("DRAFT ")]
-    assert len(found) == 12
+    (families,) = [int(line.split()[1]) for line in lines if line.startswith("FAMILIES ")]
+    assert len(found) == 2 * families >= 14  # every family, with and without an activation
+    assert {"nemotron_h", "lfm2", "lfm2_moe"} <= {n[0] for n in found}
     assert [n for n in found if n[2] != "same"] == []
