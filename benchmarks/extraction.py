@@ -84,9 +84,10 @@ MODES = (
     "extract-onelayer",
     "extract-prefill-only",
 )
+ASYNC_WRITES = "SPECULATORS_HYBRID_ASYNC_WRITES"  # vllm_patches/writer.py; "0": in-step writes
 # The environment each extraction mode adds to the engine's (the opt-in switches of the plugin).
 MODE_ENV: dict[str, dict[str, str]] = {
-    "extract-instep": {"SPECULATORS_HYBRID_ASYNC_WRITES": "0"},  # files written inside the step
+    "extract-instep": {ASYNC_WRITES: "0"},  # files written inside the step
     "extract-wide": {"SPECULATORS_HYBRID_WIDE_HIDDEN": "1"},  # vllm_patches/wide_hidden.py
     "extract-onelayer": {"SPECULATORS_HYBRID_WIDE_HIDDEN": "0"},  # one-layer KV-cache groups
     "extract-prefill-only": {"SPECULATORS_HYBRID_PREFILL_ONLY": "1"},  # no spare state block
@@ -97,7 +98,6 @@ SHARED_PROMPT = 2000  # its prompts' length unless --prompt-len is given
 CHAT_LENGTHS = (100, 8000)  # the chat mix: log-uniform prompt lengths in this range
 CHAT_SEED = 0  # the same mix for every engine
 KIND = "extraction-benchmark-run"
-ASYNC_WRITES = "SPECULATORS_HYBRID_ASYNC_WRITES"  # vllm_patches/writer.py; "0": in-step writes
 
 # Defaults of the settings that depend on the size (`parse_args` fills those not given).
 DEFAULTS: dict[str, Any] = dict(
@@ -387,6 +387,7 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
         print(f"{name}: did not run with CUDA graphs; again in eager mode", flush=True)
         spec["eager"] = True
         data = run_engine(spec, runs, args.plugin, args.engine_timeout)
+    env = engine_env(args.plugin, mode)  # the engine's environment, as run_engine gave it
     run = {
         "kind": KIND,
         "date": time.strftime("%Y-%m-%d"),
@@ -401,11 +402,9 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
         "cuda_graphs_error": graphs_error,
         "speculators_hybrid": our_version(),
         "plugin_flag": args.plugin,
-        "SPECULATORS_HYBRID_DISABLE": engine_env(args.plugin).get("SPECULATORS_HYBRID_DISABLE"),
-        ASYNC_WRITES: engine_env(args.plugin, mode).get(ASYNC_WRITES),  # as the engine had it
-        "switches": {  # every SPECULATORS_HYBRID_* variable the engine had
-            k: v for k, v in engine_env(args.plugin, mode).items() if k.startswith("SPECULATORS_")
-        },
+        "SPECULATORS_HYBRID_DISABLE": env.get("SPECULATORS_HYBRID_DISABLE"),
+        ASYNC_WRITES: env.get(ASYNC_WRITES),  # as the engine had it
+        "switches": {k: v for k, v in env.items() if k.startswith("SPECULATORS_")},
         "wall_s": time.perf_counter() - t,
     }
     table = Path(spec["profile_dir"] or "-") / "profiler_out_0.txt"

@@ -237,6 +237,7 @@ def train(
     wrapper = work / "train_with_lines.py"
     wrapper.write_text(TRAIN_WRAPPER)
     lines = live(work / f"{kind}-metrics.jsonl")
+    lines.unlink(missing_ok=True)  # the wrapper appends; a log folder may hold an earlier run's
     args = [
         f"--speculator-type={kind}",
         f"--verifier-name-or-path={folder}",
