@@ -22,13 +22,16 @@ Needs a CUDA GPU, vLLM < 0.22 (our connector) and speculators >= 0.9.0 with hs-c
 `SPECULATORS_HYBRID_GPU_REPORT` (JSON, e.g. tests/gpu/results/...); logs to
 `SPECULATORS_HYBRID_GPU_LOGDIR`, written there as they grow (the server's, each command's, the
 trainer's per-step metrics), so a run cut short by the device call's limit still shows where it
-was. Time: on an H200 (vLLM 0.20.1) server start, prepare-data, offline generation and check
-take about 4 minutes; speculators' trainer compiles the drafter's forward with torch.compile on
-CUDA (`conditional_torch_compile`), and 200 DFlash steps did not finish in the 3.5 minutes left
-of a 10-minute call (2026-12-02). So `SPECULATORS_HYBRID_PIPELINE_KINDS` picks the drafters of
-one call (`dflash`, `eagle3`, default both), and `SPECULATORS_HYBRID_PIPELINE_EAGER=1` runs the
-trainer with `TORCHDYNAMO_DISABLE=1` (speculators' code unchanged, torch.compile off; say so
-with the numbers).
+was. Time on an H200 (vLLM 0.20.1, 2026-12-02, `stage_seconds` in the JSON): server start 252 s
+on a fresh machine (vLLM's kernels built cold), prepare-data 24 s, offline generation 28 s,
+check 9 s; DFlash with torch.compile off: 48 s from launch to the first step, then 4.35
+steps/s, 200 steps in 94 s. With torch.compile on, 200 DFlash steps did not finish in the
+3.5 minutes left of a 10-minute call (2026-12-01). So `SPECULATORS_HYBRID_PIPELINE_KINDS` lists
+the runs of one call, each `dflash` / `eagle3`, or `dflash:eager` for torch.compile off in
+that run only (`TORCHDYNAMO_DISABLE=1`, speculators' code unchanged: say so with the numbers;
+`..._EAGER=1` for every run), and `SPECULATORS_HYBRID_PIPELINE_BUDGET_S` bounds the whole test:
+a run that would pass it is cut, recorded with the steps it reached, its launch-to-first-step
+seconds (build, compile, first samples) and its step rate.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -79,21 +83,28 @@ SEQ_LENGTH, SEED = 256, 42
 TOTAL_SEQ_LEN = SEQ_LENGTH
 STEPS = int(os.environ.get("SPECULATORS_HYBRID_TRAIN_STEPS", "200"))
 TRAIN_TIMEOUT_S = float(os.environ.get("SPECULATORS_HYBRID_TRAIN_TIMEOUT", "900"))
+# Each entry `kind` or `kind:eager` (torch.compile off for that run only).
 KINDS = (
     os.environ.get("SPECULATORS_HYBRID_PIPELINE_KINDS", "dflash eagle3").replace(",", " ").split()
 )
 EAGER = os.environ.get("SPECULATORS_HYBRID_PIPELINE_EAGER", "") == "1"
+# Seconds the whole test may take (the device call's limit less its margin): each training run
+# gets what is left of it, less STOCK_S for the stock start-up check, and a run cut there is
+# recorded with the steps it reached.
+BUDGET_S = float(os.environ.get("SPECULATORS_HYBRID_PIPELINE_BUDGET_S", "inf"))
+STOCK_S = 90.0
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+CUT = "[pipeline] cut at"
 SEED_ERROR = "Hybrid KV cache manager is disabled but failed to convert the KV cache specs"
 
 # speculators' trainer with a handler on its own metrics logger (one JSON line per step); the
 # trainer, its data loader and its vLLM client are speculators' code, unchanged.
 TRAIN_WRAPPER = textwrap.dedent(
     """
-    import json, logging, sys
+    import json, logging, sys, time
 
 
     class Lines(logging.Handler):
@@ -103,7 +114,8 @@ TRAIN_WRAPPER = textwrap.dedent(
 
         def emit(self, record):
             if isinstance(record.msg, dict) and "train" in record.msg:
-                row = {"step": record.msg.get("global_step"), **record.msg["train"]}
+                row = {"step": record.msg.get("global_step"), "t": time.time()}
+                row.update(record.msg["train"])
                 self.out.write(json.dumps(row) + "\\n")
                 self.out.flush()
 
@@ -196,20 +208,31 @@ def live(path: Path) -> Path:
     return path
 
 
-def run_logged(argv: list[str], log: Path, timeout: float, env: dict | None = None) -> str:
+def run_logged(
+    argv: list[str], log: Path, timeout: float, env: dict | None = None, cut_ok: bool = False
+) -> str:
+    """Run `argv` with its output in `log`; it must exit 0. Past `timeout` its whole process
+    group is killed (the trainer's loader workers too): an error, or with `cut_ok` the log so far
+    with a last line saying so."""
     log = live(log)
     with log.open("wb") as out:
-        done = subprocess.run(
+        proc = subprocess.Popen(
             argv,
             stdout=out,
             stderr=subprocess.STDOUT,
-            timeout=timeout,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            start_new_session=True,
         )
+        try:
+            code: int | None = proc.wait(timeout=max(timeout, 1.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
     text = log.read_text(errors="replace")
-    assert done.returncode == 0, (
-        f"{' '.join(argv[:6])} ... exited {done.returncode}:\n{text[-5000:]}"
-    )
+    if code is None and cut_ok:
+        return text + f"\n{CUT} {timeout:.0f} s\n"
+    assert code == 0, f"{' '.join(argv[:6])} ... exited {code}:\n{text[-5000:]}"
     return text
 
 
@@ -232,11 +255,20 @@ def epochs_for(lengths: list[int], steps: int) -> int:
 
 
 def train(
-    kind: str, folder: Path, data: Path, work: Path, url: str, storage: Path, epochs: int
+    entry: str,
+    folder: Path,
+    data: Path,
+    work: Path,
+    url: str,
+    storage: Path,
+    epochs: int,
+    timeout: float,
 ) -> dict[str, Any]:
+    kind, _, mode = entry.partition(":")
+    eager = EAGER or mode == "eager"
     wrapper = work / "train_with_lines.py"
     wrapper.write_text(TRAIN_WRAPPER)
-    lines = live(work / f"{kind}-metrics.jsonl")
+    lines = live(work / f"{entry.replace(':', '-')}-metrics.jsonl")
     lines.unlink(missing_ok=True)  # the wrapper appends; a log folder may hold an earlier run's
     args = [
         f"--speculator-type={kind}",
@@ -263,19 +295,21 @@ def train(
     argv = [sys.executable, "-m", "speculators_hybrid.cli", "run", "--", sys.executable]
     argv += [str(wrapper), str(lines), *args]
     before = {p.name for p in storage.glob("*.safetensors")}
-    start = time.monotonic()
-    eager = {"TORCHDYNAMO_DISABLE": "1"} if EAGER else None
-    log = run_logged(argv, work / f"train-{kind}.log", TRAIN_TIMEOUT_S, eager)
+    start, started = time.monotonic(), time.time()
+    env = {"TORCHDYNAMO_DISABLE": "1"} if eager else None
+    log = run_logged(argv, work / f"train-{entry.replace(':', '-')}.log", timeout, env, True)
     seconds = time.monotonic() - start
-    rows = [json.loads(line) for line in lines.read_text().splitlines()]
+    rows = [json.loads(line) for line in lines.read_text().splitlines()] if lines.exists() else []
     losses = [r["loss"] for r in rows if "loss" in r]
     # speculators folds error_records_sum / error_records_total into "error_records" (per step)
     dropped = sum(r.get("error_records", 0) for r in rows)
     left = sorted({p.name for p in storage.glob("*.safetensors")} - before)
     retries = len(re.findall(r"round trip failed|Retrying|retry", log, flags=re.IGNORECASE))
     k = max(1, len(losses) // 10)
+    times = [r["t"] for r in rows]
     return {
         "steps": len(rows),
+        "cut_short": CUT in log,
         "loss_first": sum(losses[:k]) / k if losses else None,
         "loss_last": sum(losses[-k:]) / k if losses else None,
         "loss_all_finite": all(x == x and abs(x) != float("inf") for x in losses),
@@ -283,8 +317,13 @@ def train(
         "retry_lines": retries,
         "files_left_unread": len(left),
         "seconds": round(seconds, 1),
+        # launch to the first logged step (process start, model build, compile, first samples)
+        "first_step_s": round(times[0] - started, 1) if times else None,
+        "steps_per_s_after_first": (
+            round((len(times) - 1) / (times[-1] - times[0]), 2) if len(times) > 1 else None
+        ),
         "verifier_norm_patched": "patches=verifier-norm" in log,
-        "torch_compile": not EAGER,
+        "torch_compile": not eager,
     }
 
 
@@ -300,6 +339,11 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
             f"torchvision does not import ({exc}): speculators' AutoProcessor for Qwen3.5 needs "
             "it (torchvision==0.26.0 in tests/gpu/speculators-deps.txt)"
         )
+    t0 = time.monotonic()
+
+    def left(reserve: float = 0.0) -> float:
+        return BUDGET_S - (time.monotonic() - t0) - reserve
+
     folder = model_with_chat_template(tmp_path_factory.mktemp("pipeline_model"))
     storage, port = tmp_path / "hs", free_port()
     url = f"http://127.0.0.1:{port}"
@@ -311,10 +355,18 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
         "speculators": SPECULATORS_VERSION,
         "launcher": os.environ.get("SPECULATORS_HYBRID_LAUNCHER", "built-in"),
         "layer_ids": IDS,
+        "stage_seconds": {},
     }
+    stages = report["stage_seconds"]
     problems: list[str] = []
+
+    def stage(name: str, since: float) -> None:
+        stages[name] = round(time.monotonic() - since, 1)
+
     try:
+        since = time.monotonic()
         server.wait_ready()
+        stage("server_start", since)
         log = server.text()
         report["command"] = next(
             (ln for ln in log.splitlines() if " serve " in ln and "--speculative" in ln), ""
@@ -325,6 +377,7 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
 
         data64 = tmp_path / "data64"
         source = conversations(tmp_path / "chats.jsonl")
+        since = time.monotonic()
         run_logged(
             speculators_cli(
                 "prepare-data",
@@ -338,6 +391,7 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
             tmp_path / "prepare-data.log",
             600,
         )
+        stage("prepare_data", since)
         import datasets
 
         prepared = datasets.load_from_disk(str(data64))
@@ -358,6 +412,7 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
         report["offline"] = {"files": len(offline), "seconds": round(time.monotonic() - start, 1)}
         if len(offline) != len(prepared):
             problems.append(f"offline generation wrote {len(offline)} of {len(prepared)} files")
+        since = time.monotonic()
         checked = subprocess.run(
             [sys.executable, "-m", "speculators_hybrid.cli", "check"]
             + [str(data64 / "hidden_states"), "--dataset", str(data64), "--json"],
@@ -366,6 +421,7 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
             timeout=600,
         )
         report["check_exit"] = checked.returncode
+        stage("check", since)
         write_report("speculators-pipeline", report)
         if checked.returncode != 0:
             problems.append(f"speculators-hybrid check failed:\n{checked.stdout[-3000:]}")
@@ -378,16 +434,20 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
         lengths = list(subset.with_format(None)["seq_len"])[: int(len(subset) * TRAIN_RATIO)]
         epochs = epochs_for(lengths, STEPS)
         report["train_epochs"] = epochs
-        report["train_kinds"], report["torch_compile"] = KINDS, not EAGER
+        report["train_kinds"] = KINDS
         report["train"] = {}
         for kind in KINDS:
-            work = tmp_path / f"train-{kind}"
+            work = tmp_path / f"train-{kind.replace(':', '-')}"
             work.mkdir()
-            row = train(kind, folder, data16, work, url, storage, epochs)
+            timeout = min(TRAIN_TIMEOUT_S, left(STOCK_S))
+            row = train(kind, folder, data16, work, url, storage, epochs, timeout)
             report["train"][kind] = row
             write_report("speculators-pipeline", report)  # kept if the run is cut short
             if row["steps"] < STEPS or not row["loss_all_finite"]:
-                problems.append(f"{kind}: {row['steps']} steps, finite={row['loss_all_finite']}")
+                cut = f" (cut at {timeout:.0f} s)" if row["cut_short"] else ""
+                problems.append(
+                    f"{kind}: {row['steps']} steps{cut}, finite={row['loss_all_finite']}"
+                )
             if row["loss_first"] is None or not row["loss_last"] < 0.7 * row["loss_first"]:
                 problems.append(f"{kind}: loss {row['loss_first']} -> {row['loss_last']}")
             for key in ("dropped_samples", "retry_lines", "files_left_unread"):
@@ -404,8 +464,10 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
         server.stop()
 
     # The same launch with the plugin off: stock vLLM 0.20.1 must refuse at start.
-    if os.environ.get("SPECULATORS_HYBRID_PIPELINE_STOCK", "1") == "0":  # shown by test_serve too
-        report["stock"] = {"skipped": "SPECULATORS_HYBRID_PIPELINE_STOCK=0", "seed_error": None}
+    skip = os.environ.get("SPECULATORS_HYBRID_PIPELINE_STOCK", "1") == "0"
+    if skip or left() < STOCK_S / 2:
+        why = "SPECULATORS_HYBRID_PIPELINE_STOCK=0" if skip else f"{left():.0f} s of budget left"
+        report["stock"] = {"skipped": why, "seed_error": None}
         return finish(report, problems)
     stock_log = live(tmp_path / "pipeline-stock-server.log")
     port = free_port()
@@ -415,7 +477,7 @@ def test_speculators_pipeline_on_a_hybrid_target(tmp_path_factory, tmp_path: Pat
             launch_argv(folder, tmp_path / "hs-stock", port),
             stdout=out,
             stderr=subprocess.STDOUT,
-            timeout=600,
+            timeout=max(30.0, min(600.0, left())),
             env={**os.environ, **env_off, "VLLM_USE_FLASHINFER_SAMPLER": "0"},
         )
     stock_text = stock_log.read_text(errors="replace")
