@@ -39,7 +39,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "0.20.0"),
     Family("qwen3_next", "Qwen3NextForCausalLM", "0.24.0"),
     Family("nemotron_h", "NemotronHForCausalLM", "0.20.0"),  # patch nemotron_h-eagle3 < 0.22
-    # patch granitemoehybrid-eagle3; 0.20/0.21 refuse the model type by name (SpeculativeConfig)
+    # patch granitemoehybrid-eagle3 (< 0.26 also granite-layer-type-names: transformers >= 5.13's
+    # layer type names); 0.20/0.21 refuse the model type by name (SpeculativeConfig)
     Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "0.22.0"),
     Family("falcon_h1", "FalconH1ForCausalLM", "0.22.0"),  # patch falcon_h1-eagle3, as granite
     Family("jamba", "JambaForCausalLM", "0.22.0"),  # patch jamba-eagle3, as granite

@@ -13,6 +13,10 @@ lines come from `linecache`, as `inspect` reads them. Where what follows that la
 still belong to the block for `inspect` (a comment indented into the body, a trailing `pass`
 or string that compiles to no instruction), or the first line is not a `def`/decorator line,
 `inspect.getsource` decides, so the text hashed is always the one it gives.
+
+A plain dict whose values are classes or functions (a lookup table, such as a model's map of
+layer types) fingerprints as the digest of its sorted `key=<value's __qualname__>` lines; a
+replacement that names it in `__wrapped__` fingerprints as it, as a wrapped function does.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ def _function_of(obj: Any) -> Any:
 
 
 def fingerprint(obj: Any) -> str:
+    if isinstance(obj, dict):
+        return _table(getattr(obj, "__wrapped__", obj))
     func = _function_of(obj)
     try:
         source = fast_source(func)
@@ -44,6 +50,13 @@ def fingerprint(obj: Any) -> str:
     except (OSError, TypeError) as exc:
         return f"unreadable:{type(exc).__name__}"
     return digest(source)
+
+
+def _table(table: Any) -> str:
+    named = (type, types.FunctionType)
+    if type(table) is not dict or not all(isinstance(v, named) for v in table.values()):
+        return "unreadable:TypeError"  # as inspect.getsource fails on it
+    return digest("\n".join(sorted(f"{key}={value.__qualname__}" for key, value in table.items())))
 
 
 def digest(source: str) -> str:

@@ -10,6 +10,10 @@ context, so each decoder layer is swapped for a small module with the same contr
 returns as hidden states and residual) and the expected ids are computed from those modules.
 The numerical match with transformers runs on the GPU (tests/gpu/test_hybrid_families.py, for
 Granite 4.0-H and Nemotron-H so far).
+
+granite-layer-type-names (vLLM 0.22-0.25): vLLM's real `GraniteMoeHybridModel` builds from a
+config with the layer-type names transformers >= 5.13 gives (`linear_attention`,
+`full_attention`), each layer of the class its type names; without the patch it raises KeyError.
 """
 
 from __future__ import annotations
@@ -303,13 +307,6 @@ def _built(tmp_path, family: str, on: bool):
     try:
         config = build(_dir(tmp_path, family), IDS)
         module = importlib.import_module(FAMILIES[family][0].MODULE)
-        kinds = getattr(module, "ALL_DECODER_LAYER_TYPES", None)
-        named = getattr(config.model_config.hf_config, "layer_types", None) or []
-        if kinds is not None and family == "granitemoehybrid" and not set(named) <= set(kinds):
-            pytest.skip(  # transformers >= 5.13 renamed them; vLLM maps both names later
-                f"this vLLM's GraniteMoeHybridModel knows layer types {sorted(kinds)}, the "
-                f"installed transformers writes {sorted(set(named))}: it cannot be built here"
-            )
         cls = getattr(module, FAMILIES[family][2])
         with set_current_vllm_config(config):
             model = cls(vllm_config=config, prefix="")
@@ -385,6 +382,55 @@ def moe_group(distributed, monkeypatch):  # noqa: F811
 
     if getattr(ps, "_EP", "absent") is None:
         monkeypatch.setattr(ps, "_EP", ps.get_tp_group())
+
+
+# transformers >= 5.13's names for Granite's layer types (GRANITE's are the older ones)
+NEW_NAMES = {"mamba": "linear_attention", "attention": "full_attention"}
+RENAMED = [NEW_NAMES[kind] for kind in GRANITE["layer_types"]]
+
+
+def _granite_stack(tmp_path, on: bool):
+    """vLLM's GraniteMoeHybridModel from a config with the new names, with or without the shim
+    (the config itself is built with it: without, check-extraction-input refuses Granite)."""
+    from test_extraction_input import build
+    from vllm.config import set_current_vllm_config
+
+    (tmp_path / "config.json").write_text(json.dumps(GRANITE | {"layer_types": RENAMED}))
+    set_shim(True)
+    config = build(str(tmp_path), IDS)
+    assert config.model_config.hf_config.layer_types == RENAMED  # as transformers reads them
+    module = importlib.import_module(eagle3_granite.MODULE)
+    set_shim(on)
+    try:
+        with set_current_vllm_config(config):
+            return module, module.GraniteMoeHybridModel(vllm_config=config, prefix="model")
+    finally:
+        set_shim(True)
+
+
+@needs("granite-layer-type-names")
+def test_granite_builds_each_layer_from_the_new_type_names(shim, moe_group, tmp_path):
+    module, stack = _granite_stack(tmp_path, on=True)
+    attention = module.GraniteMoeHybridAttentionDecoderLayer
+    mamba = module.GraniteMoeHybridMambaDecoderLayer
+    expected = [attention if kind == "full_attention" else mamba for kind in RENAMED]
+    assert [type(layer) for layer in stack.layers] == expected
+    assert RENAMED.index("full_attention") == 1  # one attention layer, between Mamba ones
+
+
+@pytest.mark.shim_only  # vLLM's own dict, without the patch
+@needs("granite-layer-type-names")
+def test_without_the_patch_granite_cannot_read_the_new_names(shim, moe_group, tmp_path):
+    module = importlib.import_module(eagle3_granite.MODULE)
+    ours = module.ALL_DECODER_LAYER_TYPES
+    with pytest.raises(KeyError, match="linear_attention"):
+        _granite_stack(tmp_path, on=False)
+    set_shim(False)
+    try:  # revert put vLLM's own dict back, the one our copy names
+        assert ours.__wrapped__ is module.ALL_DECODER_LAYER_TYPES
+        assert sorted(module.ALL_DECODER_LAYER_TYPES) == ["attention", "mamba"]
+    finally:
+        set_shim(True)
 
 
 @pytest.mark.full_tier

@@ -16,6 +16,7 @@ READ_SLOTS = "hidden-states-read-slots"  # 0.24.x only
 RUNNER_V1 = "hybrid-extraction-on-model-runner-v1"  # 0.29+ pick Model Runner V2
 WHOLE = "hidden-states-whole-prompts-only"  # 0.24+ save at request_finished
 CHUNKS = "hidden-states-chunked-prompts"  # 0.22-0.23: our connector where the stock one refuses
+NAMES = "granite-layer-type-names"  # 0.22-0.25: 0.26 maps transformers >= 5.13's layer types
 BEFORE_022 = {
     TEXT_ONLY,
     "keep-hma-for-extraction",
@@ -46,14 +47,14 @@ NEEDED = {
     "0.20.1": BEFORE_022,
     "0.20.2": BEFORE_022,
     "0.21.0": BEFORE_022,
-    "0.22.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS},
-    "0.22.1": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS},
-    "0.23.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS},  # reads as 0.22 does: no READ_SLOTS
-    "0.24.0": FROM_022 | {WHOLE} | {TEXT_ONLY, PAD_SLOTS, READ_SLOTS, PREFIX_HIT},
+    "0.22.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES},
+    "0.22.1": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES},
+    "0.23.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES},  # reads as 0.22: no READ_SLOTS
+    "0.24.0": FROM_022 | {WHOLE, NAMES} | {TEXT_ONLY, PAD_SLOTS, READ_SLOTS, PREFIX_HIT},
     # prefix caching GPU-proven with the hit fix: no-prefix-caching-for-hybrid-extraction retired
     "0.25.0": FROM_022 - {"no-prefix-caching-for-hybrid-extraction"}
-    | {WHOLE, TEXT_ONLY, PREFIX_HIT},
-    "0.25.1": FROM_022 | {WHOLE} | {TEXT_ONLY, PREFIX_HIT},
+    | {WHOLE, TEXT_ONLY, PREFIX_HIT, NAMES},
+    "0.25.1": FROM_022 | {WHOLE, NAMES} | {TEXT_ONLY, PREFIX_HIT},
     "0.26.0": FROM_022 | {WHOLE} | {TEXT_ONLY, PREFIX_HIT},
     # 0.27.0 registers the text-only classes and reconciles a diverged per-group hit
     "0.27.0": FROM_022 | {WHOLE},

@@ -10,12 +10,10 @@ against a float32 transformers forward within verify's calibrated margin. Ids (0
 the embeddings, the first layer, an attention layer's output and n. The EAGLE-3 states come from
 nemotron_h-eagle3 (vLLM < 0.22; vLLM's own class from 0.22) and granitemoehybrid-eagle3,
 falcon_h1-eagle3, lfm2-eagle3, jamba-eagle3 (vLLM >= 0.22: 0.20/0.21 refuse those model types
-by name).
+by name); on vLLM 0.22-0.25 Granite builds with granite-layer-type-names (their
+GraniteMoeHybridModel knows only the layer type names transformers < 5.13 gives).
 Skipped without a GPU, and where families.py says the installed vLLM refuses the family. Run:
-`pytest tests/gpu/test_hybrid_families.py -s` on vLLM 0.20.1 and 0.25.0 (and a release >= 0.29
-for Granite: vLLM 0.22-0.28's GraniteMoeHybridModel cannot read the layer type names
-transformers >= 5.13 writes, `mamba` / `attention` became `linear_attention` /
-`full_attention`).
+`pytest tests/gpu/test_hybrid_families.py -s` on vLLM 0.20.1 and 0.25.0.
 """
 
 from __future__ import annotations

@@ -196,3 +196,21 @@ def test_what_inspect_cannot_read_is_unreadable_as_before(shapes):
 def test_fingerprint_follows_the_file(shapes):
     assert fingerprint(shapes.plain) != fingerprint(shapes.Box.last)
     assert fingerprint(vars(shapes.Box)["make"]) == fingerprint(shapes.Box.make.__func__)
+
+
+def test_a_table_of_classes_fingerprints_by_its_keys_and_their_names(shapes):
+    table = {"plain": shapes.plain, "box": shapes.Box}
+    expected = digest("box=Box\nplain=plain")
+    assert fingerprint(table) == expected
+    assert fingerprint(dict(reversed(table.items()))) == expected  # order does not count
+    assert fingerprint(table | {"last": shapes.Box.last}) != expected  # a new entry does
+    assert fingerprint({"plain": shapes.Box, "box": shapes.plain}) != expected  # so does a swap
+
+    class Replacement(dict):
+        pass
+
+    replacement = Replacement(table, extra=shapes.plain)
+    assert fingerprint(replacement) == "unreadable:TypeError"  # not a plain dict
+    replacement.__wrapped__ = table  # type: ignore[attr-defined]
+    assert fingerprint(replacement) == expected  # a patch's copy reads as the original
+    assert fingerprint({"one": 1}) == "unreadable:TypeError"  # values that name nothing

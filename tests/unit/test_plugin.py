@@ -61,6 +61,7 @@ FROM_022 = {
     "lfm2_moe-eagle3",  # likewise
     "zamba2-eagle3",  # likewise
 }
+NAMES = {"granite-layer-type-names"}  # vLLM 0.22-0.25: transformers >= 5.13's layer types
 HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
 RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2
 WHOLE = {  # 0.24+ save at request_finished, and make each request's lock in wait_for_save
@@ -76,18 +77,22 @@ WHOLE = {  # 0.24+ save at request_finished, and make each request's lock in wai
         ("0.21.0", EVERY | BEFORE_022),
         (
             "0.22.0",
-            EVERY | FROM_022 | {"hidden-states-pad-slots", "hidden-states-chunked-prompts"},
+            EVERY | FROM_022 | NAMES | {"hidden-states-pad-slots", "hidden-states-chunked-prompts"},
         ),
         (
             "0.24.0",
             EVERY
             | FROM_022
             | {"hidden-states-pad-slots", "hidden-states-read-slots"}
+            | NAMES
             | HIT
             | WHOLE,
         ),
         # no-prefix-caching-for-hybrid-extraction retired: hits GPU-proven with the fixes
-        ("0.25.0", EVERY | (FROM_022 - {"no-prefix-caching-for-hybrid-extraction"}) | HIT | WHOLE),
+        (
+            "0.25.0",
+            EVERY | (FROM_022 - {"no-prefix-caching-for-hybrid-extraction"}) | NAMES | HIT | WHOLE,
+        ),
         ("0.29.0", (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1 | WHOLE),
     ],
 )
