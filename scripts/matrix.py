@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import re
 import subprocess
@@ -257,6 +258,26 @@ FAMILY_END = "<!-- end of family table -->\n"
 EXTRACTS, GPU_MATCHED, REFUSED = "●", "◉", "✗"
 
 
+GPU_RESULTS = ROOT / "tests" / "gpu" / "results"
+
+
+def gpu_matched_families(folder: Path = GPU_RESULTS) -> dict[str, set[str]]:
+    """model_type -> the vLLM releases where a GPU run's files matched transformers: the
+    cases of tests/gpu/results/*.json that test_hidden_states_match.check_case wrote (they
+    carry `min_cos_per_id`) with no problems. A case is named `<family>-...`, Qwen3.5's
+    `qwen3_5-multimodal-...` (model_type qwen3_5) or `qwen3_5-text-...` (qwen3_5_text)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(folder.glob("*.json")):
+        for name, case in json.loads(path.read_text()).get("cases", {}).items():
+            if not isinstance(case, dict) or "min_cos_per_id" not in case or case.get("problems"):
+                continue
+            family, _, rest = name.partition("-")
+            if rest.startswith("text-"):
+                family += "_text"
+            found.setdefault(family, set()).add(case["vllm"])
+    return found
+
+
 def family_table() -> str:
     """README's model family x vLLM release table, from speculators_hybrid/families.py."""
     from speculators_hybrid.families import FAMILIES
@@ -275,8 +296,9 @@ def family_table() -> str:
         + " | first release |",
         "|---|---|" + "---|" * (len(releases) + 1),
     ]
+    matched = gpu_matched_families()
     for f in FAMILIES:
-        proven = support.FAMILY_GPU_PROVEN.get(f.model_type, ())
+        proven = matched.get(f.model_type, set())
         cells = [
             (GPU_MATCHED if r in proven else EXTRACTS) if f.extracts_on(r) else REFUSED
             for r in releases

@@ -41,15 +41,5 @@ SPECULATORS_VLLM = "0.20.1"
 # Releases with a GPU proof on an H200 (tests/gpu/results/), and the model runner it ran.
 GPU_PROVEN: dict[str, str] = {"0.20.1": "V1", "0.24.0": "V1", "0.25.0": "V1"}
 
-# Model families whose extraction matched transformers on an H200, and on which releases
-# (tests/gpu/test_hidden_states_match.py, tests/gpu/test_hybrid_families.py; results in
-# tests/gpu/results/).
-FAMILY_GPU_PROVEN: dict[str, tuple[str, ...]] = {
-    "qwen3_5": ("0.20.1", "0.24.0", "0.25.0"),
-    "qwen3_5_text": ("0.20.1",),
-    "nemotron_h": ("0.25.0",),
-    "falcon_h1": ("0.25.0",),
-}
-
 # Releases whose env also runs tests/cli (the CLI as a subprocess with vLLM: doctor's plans).
 CLI: tuple[str, ...] = ("0.20.1", "0.25.0")

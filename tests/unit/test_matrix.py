@@ -74,3 +74,24 @@ def test_a_gap_in_a_patch_range_is_not_called_fixed():
         id="y", project="vllm", versions=">=0.20,<0.22", fixed_upstream="", why="", targets=()
     )
     assert matrix._cell(ended, "0.25.0") == matrix.FIXED
+
+
+def test_family_gpu_cells_come_from_matched_result_cases(tmp_path):
+    import json
+
+    def case(vllm: str, problems: list[str], matched: bool = True) -> dict:
+        return {"vllm": vllm, "problems": problems, **({"min_cos_per_id": {}} if matched else {})}
+
+    cases = {
+        "qwen3_5-multimodal-prefix-on": case("0.20.1", []),
+        "qwen3_5-text-prefix-off": case("0.24.0", []),
+        "jamba-prefix-off": case("0.25.0", ["a file short"]),  # failed: not a proof
+        "serve-multimodal-tp2-prefix-on": case("0.25.0", [], matched=False),  # no HF match
+    }
+    (tmp_path / "run.json").write_text(json.dumps({"cases": cases}))
+    (tmp_path / "other.json").write_text(json.dumps({"cases": {"lfm2-x": case("0.25.0", [])}}))
+    assert _matrix().gpu_matched_families(tmp_path) == {
+        "qwen3_5": {"0.20.1"},
+        "qwen3_5_text": {"0.24.0"},
+        "lfm2": {"0.25.0"},
+    }
