@@ -1,17 +1,22 @@
 """GPU proof for issue 19: hidden states vLLM extracts from tiny random Granite 4.0-H
-(`granitemoehybrid`), Nemotron-H (`nemotron_h`), Falcon-H1, LFM2 and Jamba checkpoints match
-transformers.
+(`granitemoehybrid`), Nemotron-H (`nemotron_h`), Falcon-H1, LFM2, LFM2-MoE, Jamba, Zamba2 and
+Qwen3-Next checkpoints match transformers, with prefix caching off and on.
 
 Each family's checkpoint is built with the device's transformers from the config the CPU tests
-use (tests/cpu/test_eagle3_families.py, vocabulary widened for the prompts), then run through
+use (tests/cpu/test_eagle3_families.py, Qwen3-Next's from tests/cpu/test_extraction_input.py;
+vocabulary widened for the prompts), then run through
 test_hidden_states_match.check_case: vLLM's offline `LLM` with speculators' extraction settings
 in a fresh process, every file checked against the contract and verified per token and layer id
 against a float32 transformers forward within verify's calibrated margin. Ids (0, 1, 3, 4) cover
 the embeddings, the first layer, an attention layer's output and n. The EAGLE-3 states come from
 nemotron_h-eagle3 (vLLM < 0.22; vLLM's own class from 0.22) and granitemoehybrid-eagle3,
-falcon_h1-eagle3, lfm2-eagle3, jamba-eagle3 (vLLM >= 0.22: 0.20/0.21 refuse those model types
-by name); on vLLM 0.22-0.25 Granite builds with granite-layer-type-names (their
-GraniteMoeHybridModel knows only the layer type names transformers < 5.13 gives).
+falcon_h1-eagle3, lfm2-eagle3, lfm2_moe-eagle3, jamba-eagle3, zamba2-eagle3 (vLLM >= 0.22:
+0.20/0.21 refuse those model types by name); Qwen3-Next's from vLLM's own class (>= 0.24). On
+vLLM 0.22-0.25 Granite builds with granite-layer-type-names (their GraniteMoeHybridModel knows
+only the layer type names transformers < 5.13 gives). With prefix caching on, vLLM keeps the
+Mamba / short-conv states per block ('align' mode, 'all' where the class supports it) and the
+second batch of prompt_batches() must hit the cache. LFM2-MoE and Qwen3-Next need vLLM's MoE
+kernels (stage vLLM with KEEP_MOE=1).
 Skipped without a GPU, and where families.py says the installed vLLM refuses the family. Run:
 `pytest tests/gpu/test_hybrid_families.py -s` on vLLM 0.20.1 and 0.25.0.
 """
@@ -42,13 +47,17 @@ def _config(family: str) -> dict:
     # the CPU tests' tiny configs; importing that module needs the CPU conftest, so read it
     import ast
 
-    source = (Path(__file__).resolve().parents[1] / "cpu" / "test_eagle3_families.py").read_text()
-    name = family.upper().replace("GRANITEMOEHYBRID", "GRANITE")  # the CPU test's names
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
-            config = ast.literal_eval(node.value)
-            wider = {"vocab_size": 1024, "max_position_embeddings": 8192}  # the engine's 4096
-            return {**config, **wider, "torch_dtype": "bfloat16"}
+    name = family.upper().replace("GRANITEMOEHYBRID", "GRANITE")  # the CPU tests' names
+    for module in ("test_eagle3_families.py", "test_extraction_input.py"):
+        source = (Path(__file__).resolve().parents[1] / "cpu" / module).read_text()
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
+                # our own test data; Qwen3-Next's layer_types is a list expression
+                expr = compile(ast.Expression(node.value), module, "eval")
+                config = eval(expr, {"__builtins__": {}})  # noqa: S307
+                config.pop("dtype", None)
+                wider = {"vocab_size": 1024, "max_position_embeddings": 8192}  # the engine's 4096
+                return {**config, **wider, "torch_dtype": "bfloat16"}
     raise LookupError(name)
 
 
@@ -67,10 +76,27 @@ def build(folder: Path, family: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("family", ["granitemoehybrid", "nemotron_h", "falcon_h1", "lfm2", "jamba"])
-def test_family_hidden_states_match_transformers(tmp_path_factory, tmp_path, family):
+FAMILIES = [
+    "granitemoehybrid",
+    "nemotron_h",
+    "falcon_h1",
+    "lfm2",
+    "lfm2_moe",
+    "jamba",
+    "zamba2",
+    "qwen3_next",
+]
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["prefix-off", "prefix-on"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_hidden_states_match_transformers(
+    tmp_path_factory, tmp_path, family, prefix_caching
+):
     why = families.refusal(family, installed("vllm"))
     if why:
         pytest.skip(why)
     folder = build(tmp_path_factory.mktemp(family) / "model", family)
-    check_case(f"{family}-prefix-off", folder, tmp_path, False, False, prompt_batches()[:1], IDS)
+    mode = "prefix-on" if prefix_caching else "prefix-off"
+    batches = prompt_batches() if prefix_caching else prompt_batches()[:1]
+    check_case(f"{family}-{mode}", folder, tmp_path, prefix_caching, False, batches, IDS)
