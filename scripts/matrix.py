@@ -217,7 +217,8 @@ def _cell(patch: Any, release: str) -> str:
     earlier = [r for r in support.VLLM if Version(r) < Version(release)]
     later = [r for r in support.VLLM if Version(r) > Version(release)]
     ended = not any(patch.needed_for(r) for r in later)  # a gap in its range is not a fix
-    return FIXED if ended and any(patch.needed_for(r) for r in earlier) else NOT_NEEDED
+    fixed = not patch.fixed_upstream.startswith("none")  # ended for another reason
+    return FIXED if fixed and ended and any(patch.needed_for(r) for r in earlier) else NOT_NEEDED
 
 
 def support_table() -> str:

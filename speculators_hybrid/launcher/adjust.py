@@ -15,6 +15,7 @@ from speculators_hybrid import families, switches
 from speculators_hybrid.launcher import LaunchError
 from speculators_hybrid.launcher.command import Command
 from speculators_hybrid.launcher.target import Target, tp_error
+from speculators_hybrid.vllm_patches import mamba_all_mode as all_mode
 from speculators_hybrid.vllm_patches.chunked_prompts import PATCH as CHUNKED_PROMPTS
 from speculators_hybrid.vllm_patches.extraction_input import id_problems as id_problems
 from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error
@@ -109,12 +110,18 @@ def _writes_env(
     return None
 
 
-def caching_kept(user_args: list[str], vllm: str | None) -> bool:
+def stops_engine(target: Target, vllm: str | None) -> bool:
+    """Prefix caching would stop the engine core for this model (mamba_all_mode.py)."""
+    return all_mode.stops_engine(target.model_type, vllm)
+
+
+def caching_kept(user_args: list[str], vllm: str | None, target: Target) -> bool:
     """The user asked for prefix caching where our patch would turn it off and may keep it
     (vllm_patches/prefix_caching.py: the opt-in; on 0.22-0.23 with our connector, which an
-    explicit --no-enable-chunked-prefill leaves out)."""
+    explicit --no-enable-chunked-prefill leaves out; never in Mamba cache mode 'all')."""
     return (
         "--enable-prefix-caching" in user_args
+        and not stops_engine(target, vllm)
         and NO_PREFIX_CACHING.needed_for(vllm)
         and opt_in_allowed(vllm)
         and not (stock_refuses_chunked(vllm) and NO_CHUNKED_PREFILL in user_args)
@@ -122,9 +129,9 @@ def caching_kept(user_args: list[str], vllm: str | None) -> bool:
 
 
 def _caching_env(
-    env: dict[str, str], user_args: list[str], vllm: str | None, log: Log
+    env: dict[str, str], user_args: list[str], vllm: str | None, target: Target, log: Log
 ) -> dict[str, str] | None:
-    if not caching_kept(user_args, vllm) or env.get(OPT_IN_ENV):
+    if not caching_kept(user_args, vllm, target) or env.get(OPT_IN_ENV):
         return None
     log(
         f"--enable-prefix-caching asked for: {OPT_IN_ENV}=1, the plugin keeps it on (files after "
@@ -178,7 +185,14 @@ def vllm_notes(
             )
     if "--enable-prefix-caching" not in argv:
         return notes
-    if plugin and kept:
+    if plugin and stops_engine(target, version):
+        notes.append(
+            f"vLLM {version}: the plugin turns prefix caching off for this model: vLLM would "
+            "cache its Mamba state per block ('all' mode), where extraction stops the engine "
+            f"core on a 1-token prefill chunk ({all_mode.PATCH.id}; --mamba-cache-mode align "
+            "keeps it on, not GPU-proven)"
+        )
+    elif plugin and kept:
         pass  # the plugin keeps it on as asked (_caching_env says so)
     elif plugin and NO_PREFIX_CACHING.needed_for(version):
         notes.append(
@@ -276,7 +290,9 @@ def align_mode_batch(
     raw = Command("", argv).option(BATCH_FLAGS)
     if not (plugin and align_mode.constrained(vllm)) or raw is None or not raw.strip().isdigit():
         return argv
-    off_by_patch = NO_PREFIX_CACHING.needed_for(vllm) and not caching_kept(user_args, vllm)
+    off_by_patch = (
+        NO_PREFIX_CACHING.needed_for(vllm) and not caching_kept(user_args, vllm, target)
+    ) or stops_engine(target, vllm)
     if "--no-enable-prefix-caching" in argv or off_by_patch:
         return argv  # caching off (asked for, or by our patch): no align mode
     result = checker(argv, target, int(raw))
@@ -327,7 +343,7 @@ def for_hybrid(
                 f"multimodal checkpoint: added {LANGUAGE_ONLY}, the vision tower is not built; "
                 f"layer ids come from text_config (n = {target.num_layers})"
             )
-    for note in vllm_notes(vllm, argv, target, plugin, caching_kept(user_args, vllm)):
+    for note in vllm_notes(vllm, argv, target, plugin, caching_kept(user_args, vllm, target)):
         log(note)
     argv = align_mode_batch(argv, user_args, vllm, target, plugin, log)
     env = dict(cmd.env if cmd.env is not None else os.environ)
@@ -335,7 +351,7 @@ def for_hybrid(
     ours = plugin and CHUNKED_PROMPTS.needed_for(vllm) and NO_CHUNKED_PREFILL not in argv
     changed = _writes_env(changed or env, vllm, ours, log) or changed
     if plugin:
-        changed = _caching_env(changed or env, user_args, vllm, log) or changed
+        changed = _caching_env(changed or env, user_args, vllm, target, log) or changed
     return replace(cmd, argv=argv, env=changed if changed is not None else cmd.env)
 
 

@@ -23,6 +23,7 @@ from speculators_hybrid.vllm_patches import (
     hma_config,
     layer_zero,
     llm_wait,
+    mamba_all_mode,
     own_page,
     prefill_only,
     prefix_caching,
@@ -41,6 +42,7 @@ PATCHES: tuple[Patch, ...] = (
     llm_wait.PATCH,
     engine_block.PATCH,
     prefix_caching.PATCH,
+    mamba_all_mode.PATCH,
     chunked_prompts.PATCH,  # after prefix_caching: wraps outside it, names our connector first
     prefix_hit.PATCH,
     hidden_read.PATCH,

@@ -28,8 +28,11 @@ run but 0.25.0's; the CPU test's model is a stand-in, so it cannot see the atten
 state a hit resumes from (0.32+ hit on the hidden group's 20-token hash block, inside an
 attention block). With --no-enable-chunked-prefill on 0.22-0.23 the opt-in is refused (vLLM's
 connector stays). The range narrows release by release as those proofs hold.
-Retired on 0.25.0: on an H200 (2026-12-02, tests/gpu/test_hidden_states_match.py, prefix
-caching on, with hidden-states-consistent-prefix-hit) the 4 prompts of the second round hit
+The opt-in does not keep it for a model vLLM caches in 'all' Mamba cache mode on 0.22-0.31
+(Nemotron-H, Granite 4.0-H, ...): the engine core stops there (mamba_all_mode.py).
+Retired on 0.25.0 (for the models mamba_all_mode.py leaves cached): on an H200 (2026-12-02,
+tests/gpu/test_hidden_states_match.py, prefix caching on, with
+hidden-states-consistent-prefix-hit) the 4 prompts of the second round hit
 800, 480, 1,440 and 80 tokens of the first's (the 1,200-token shared prefix of the failure
 above among them) and all 8 files matched transformers within verify's calibrated floor (worst
 similarity 0.99969 at id 8, floor 0.99965).
@@ -46,6 +49,7 @@ from packaging.version import Version
 from speculators_hybrid import switches
 from speculators_hybrid.registry import Patch, Target, base_version
 from speculators_hybrid.vllm_patches.hma_config import CONNECTOR, is_hybrid_extraction
+from speculators_hybrid.vllm_patches.mamba_all_mode import all_mode, stops_engine_here, turn_off
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 OPT_IN_ENV = "SPECULATORS_HYBRID_PREFIX_CACHING"
@@ -95,6 +99,9 @@ def _caching_off(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if cache is not None and cache.enable_prefix_caching and is_hybrid_extraction(instance):
         import vllm
 
+        if all_mode(instance) and stops_engine_here(vllm.__version__):
+            turn_off(instance)  # mamba_all_mode.py: the engine core would stop on a 1-token chunk
+            return wrapped(*args, **kwargs)
         if opted_in() and opt_in_allowed(vllm.__version__) and _takes_chunks(instance):
             logger.warning(
                 "speculators-hybrid: prefix caching kept on for hidden-state extraction from a "

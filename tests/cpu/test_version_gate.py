@@ -52,8 +52,9 @@ NEEDED = {
     "0.23.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES},  # reads as 0.22: no READ_SLOTS
     "0.24.0": FROM_022 | {WHOLE, NAMES} | {TEXT_ONLY, PAD_SLOTS, READ_SLOTS, PREFIX_HIT},
     # prefix caching GPU-proven with the hit fix: no-prefix-caching-for-hybrid-extraction retired
+    # (Mamba cache mode 'all' keeps it off: the engine core would stop on a 1-token chunk)
     "0.25.0": FROM_022 - {"no-prefix-caching-for-hybrid-extraction"}
-    | {WHOLE, TEXT_ONLY, PREFIX_HIT, NAMES},
+    | {WHOLE, TEXT_ONLY, PREFIX_HIT, NAMES, "no-prefix-caching-for-mamba-all-mode"},
     "0.25.1": FROM_022 | {WHOLE, NAMES} | {TEXT_ONLY, PREFIX_HIT},
     "0.26.0": FROM_022 | {WHOLE} | {TEXT_ONLY, PREFIX_HIT},
     # 0.27.0 registers the text-only classes and reconciles a diverged per-group hit

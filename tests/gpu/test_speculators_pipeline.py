@@ -24,11 +24,11 @@ Needs a CUDA GPU, vLLM < 0.22 (our connector) and speculators >= 0.9.0 with hs-c
 trainer's per-step metrics), so a run cut short by the device call's limit still shows where it
 was. Time on an H200 (vLLM 0.20.1, 2026-12-02, `stage_seconds` in the JSON): server start 252 s
 on a fresh machine (vLLM's kernels built cold), prepare-data 24 s, offline generation 28 s,
-check 9 s; DFlash with torch.compile off: 48 s from launch to the first step, then 4.35
-steps/s, 200 steps in 94 s; EAGLE-3 with torch.compile off: 47 s, then 2.78 steps/s, 200 steps
-in 124 s; the stock start-up check about 60 s. With torch.compile on, 200 DFlash steps did not finish in the
-3.5 minutes left of a 10-minute call (2026-12-01). So `SPECULATORS_HYBRID_PIPELINE_KINDS` lists
-the runs of one call, each `dflash` / `eagle3`, or `dflash:eager` for torch.compile off in
+check 9 s; DFlash with torch.compile off: 48 s from launch to the first step, then 4.35 steps/s,
+200 steps in 94 s; EAGLE-3 with torch.compile off: 47 s, then 2.78 steps/s, 200 steps in 124 s;
+the stock start-up check about 60 s. With torch.compile on, 200 DFlash steps did not finish in
+the 3.5 minutes left of a 10-minute call (2026-12-01). So `SPECULATORS_HYBRID_PIPELINE_KINDS`
+lists the runs of one call, each `dflash` / `eagle3`, or `dflash:eager` for torch.compile off in
 that run only (`TORCHDYNAMO_DISABLE=1`, speculators' code unchanged: say so with the numbers;
 `..._EAGER=1` for every run), and `SPECULATORS_HYBRID_PIPELINE_BUDGET_S` bounds the whole test:
 a run that would pass it is cut, recorded with the steps it reached, its launch-to-first-step

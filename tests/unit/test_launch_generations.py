@@ -265,6 +265,23 @@ def test_with_the_plugin_the_note_says_what_it_does(
     assert note in err and warning not in err
 
 
+@pytest.mark.parametrize("version", ["0.25.0", "0.24.0", "0.31.0"])
+def test_prefix_caching_for_a_mamba_all_mode_model_is_said_off(
+    version, tmp_path, monkeypatch, capsys
+):
+    """Nemotron-H: vLLM would cache its Mamba state in 'all' mode, where extraction stops the
+    engine core up to 0.31 (mamba_all_mode.py): no opt-in, a note that says so."""
+    from speculators_hybrid.family_presets import write_family_config
+
+    vllm(version, monkeypatch)
+    monkeypatch.setattr(adjust, "_plugin_checks", lambda log: True)
+    model = write_family_config(tmp_path / "nemotron", "nemotron-h-8b")
+    cmd, _ = launch.plan([str(model), "--", "--enable-prefix-caching"])
+    err = capsys.readouterr().err
+    assert "turns prefix caching off for this model" in err and "the plugin keeps it on" not in err
+    assert (cmd.env or {}).get(adjust.OPT_IN_ENV) is None
+
+
 def test_plain_targets_get_no_warnings(targets, monkeypatch, capsys):
     vllm("0.24.0", monkeypatch)
     launch.plan([str(targets["plain"])])

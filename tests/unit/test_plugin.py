@@ -88,10 +88,16 @@ WHOLE = {  # 0.24+ save at request_finished, and make each request's lock in wai
             | HIT
             | WHOLE,
         ),
-        # no-prefix-caching-for-hybrid-extraction retired: hits GPU-proven with the fixes
+        # no-prefix-caching-for-hybrid-extraction retired: hits GPU-proven with the fixes;
+        # models in Mamba cache mode 'all' keep caching off (the engine core would stop)
         (
             "0.25.0",
-            EVERY | (FROM_022 - {"no-prefix-caching-for-hybrid-extraction"}) | NAMES | HIT | WHOLE,
+            EVERY
+            | (FROM_022 - {"no-prefix-caching-for-hybrid-extraction"})
+            | {"no-prefix-caching-for-mamba-all-mode"}
+            | NAMES
+            | HIT
+            | WHOLE,
         ),
         ("0.29.0", (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1 | WHOLE),
     ],
