@@ -37,6 +37,7 @@ OWN_CONNECTOR_BEFORE = Version("0.22")  # below it our connector writes the file
 FIRST_WAITING_READER = Version("0.6")  # speculators' readers wait on `<path>.lock` from 0.6.0
 TP_FLAGS = ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")
 BATCH_FLAGS = ("--max-num-batched-tokens", "--max_num_batched_tokens")
+MAMBA_MODE_FLAGS = ("--mamba-cache-mode", "--mamba_cache_mode")
 LEN_FLAGS = ("--max-model-len", "--max_model_len")
 
 Log = Callable[[str], None]
@@ -110,9 +111,11 @@ def _writes_env(
     return None
 
 
-def stops_engine(target: Target, vllm: str | None) -> bool:
-    """Prefix caching would stop the engine core for this model (mamba_all_mode.py)."""
-    return all_mode.stops_engine(target.model_type, vllm)
+def stops_engine(target: Target, vllm: str | None, argv: list[str]) -> bool:
+    """Prefix caching would stop the engine core for this model (mamba_all_mode.py): vLLM
+    would cache its Mamba state in 'all' mode, as it does unless told 'align'."""
+    mode = Command("", argv).option(MAMBA_MODE_FLAGS)
+    return mode != "align" and all_mode.stops_engine(target.model_type, vllm)
 
 
 def caching_kept(user_args: list[str], vllm: str | None, target: Target) -> bool:
@@ -121,7 +124,7 @@ def caching_kept(user_args: list[str], vllm: str | None, target: Target) -> bool
     explicit --no-enable-chunked-prefill leaves out; never in Mamba cache mode 'all')."""
     return (
         "--enable-prefix-caching" in user_args
-        and not stops_engine(target, vllm)
+        and not stops_engine(target, vllm, user_args)
         and NO_PREFIX_CACHING.needed_for(vllm)
         and opt_in_allowed(vllm)
         and not (stock_refuses_chunked(vllm) and NO_CHUNKED_PREFILL in user_args)
@@ -185,7 +188,7 @@ def vllm_notes(
             )
     if "--enable-prefix-caching" not in argv:
         return notes
-    if plugin and stops_engine(target, version):
+    if plugin and stops_engine(target, version, argv):
         notes.append(
             f"vLLM {version}: the plugin turns prefix caching off for this model: vLLM would "
             "cache its Mamba state per block ('all' mode), where extraction stops the engine "
@@ -292,7 +295,7 @@ def align_mode_batch(
         return argv
     off_by_patch = (
         NO_PREFIX_CACHING.needed_for(vllm) and not caching_kept(user_args, vllm, target)
-    ) or stops_engine(target, vllm)
+    ) or stops_engine(target, vllm, argv)
     if "--no-enable-prefix-caching" in argv or off_by_patch:
         return argv  # caching off (asked for, or by our patch): no align mode
     result = checker(argv, target, int(raw))

@@ -280,6 +280,8 @@ def test_prefix_caching_for_a_mamba_all_mode_model_is_said_off(
     err = capsys.readouterr().err
     assert "turns prefix caching off for this model" in err and "the plugin keeps it on" not in err
     assert (cmd.env or {}).get(adjust.OPT_IN_ENV) is None
+    launch.plan([str(model), "--", "--enable-prefix-caching", "--mamba-cache-mode", "align"])
+    assert "turns prefix caching off" not in capsys.readouterr().err  # the user's 'align' stays
 
 
 def test_plain_targets_get_no_warnings(targets, monkeypatch, capsys):
