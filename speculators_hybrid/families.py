@@ -27,6 +27,8 @@ class Family:
     model_type: str
     architecture: str  # the vLLM model class built for it (the launcher's command uses it)
     first: str | None  # first release in support.VLLM with SupportsEagle3; None: none of them
+    # the class supports Mamba prefix caching: vLLM caches its state per block ('all' mode)
+    mamba_all_mode: bool = False
 
     def extracts_on(self, vllm: str) -> bool:
         return self.first is not None and Version(vllm) >= Version(self.first)
@@ -38,14 +40,24 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "0.20.0"),
     Family("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "0.20.0"),
     Family("qwen3_next", "Qwen3NextForCausalLM", "0.24.0"),
-    Family("nemotron_h", "NemotronHForCausalLM", "0.20.0"),  # patch nemotron_h-eagle3 < 0.22
+    Family(
+        "nemotron_h", "NemotronHForCausalLM", "0.20.0", mamba_all_mode=True
+    ),  # patch nemotron_h-eagle3 < 0.22
     # patch granitemoehybrid-eagle3 (< 0.26 also granite-layer-type-names: transformers >= 5.13's
     # layer type names); 0.20/0.21 refuse the model type by name (SpeculativeConfig)
-    Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "0.22.0"),
-    Family("falcon_h1", "FalconH1ForCausalLM", "0.22.0"),  # patch falcon_h1-eagle3, as granite
-    Family("jamba", "JambaForCausalLM", "0.22.0"),  # patch jamba-eagle3, as granite
-    Family("bamba", "BambaForCausalLM", None),  # vLLM 0.24.0 removed the class (not patched)
-    Family("zamba2", "Zamba2ForCausalLM", "0.22.0"),  # patch zamba2-eagle3, as granite
+    Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "0.22.0", mamba_all_mode=True),
+    Family(
+        "falcon_h1", "FalconH1ForCausalLM", "0.22.0", mamba_all_mode=True
+    ),  # patch falcon_h1-eagle3, as granite
+    Family(
+        "jamba", "JambaForCausalLM", "0.22.0", mamba_all_mode=True
+    ),  # patch jamba-eagle3, as granite
+    Family(
+        "bamba", "BambaForCausalLM", None, mamba_all_mode=True
+    ),  # vLLM 0.24.0 removed the class (not patched)
+    Family(
+        "zamba2", "Zamba2ForCausalLM", "0.22.0", mamba_all_mode=True
+    ),  # patch zamba2-eagle3, as granite
     Family("lfm2", "Lfm2ForCausalLM", "0.22.0"),  # patch lfm2-eagle3, as granite
     Family("lfm2_moe", "Lfm2MoeForCausalLM", "0.22.0"),  # patch lfm2_moe-eagle3, as granite
 )

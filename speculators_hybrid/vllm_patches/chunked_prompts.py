@@ -21,8 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target
-from speculators_hybrid.vllm_patches.hma_config import name_our_connector
-from speculators_hybrid.vllm_patches.prefix_caching import POST_INIT_FINGERPRINTS
+from speculators_hybrid.vllm_patches.hma_config import POST_INIT_FINGERPRINTS, name_our_connector
 
 
 def _before_post_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -29,17 +29,13 @@ from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
+from speculators_hybrid import families
 from speculators_hybrid.registry import Patch, Target, base_version
-from speculators_hybrid.vllm_patches.hma_config import is_hybrid_extraction
+from speculators_hybrid.vllm_patches.hma_config import POST_INIT_FINGERPRINTS, is_hybrid_extraction
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 # the releases whose MambaMixer2 asserts on a 1-token query without draft tokens
 CRASHES = ">=0.22,<0.32"
-# model types whose vLLM class supports Mamba prefix caching ('all' mode) on those releases;
-# `launch` reads it from config.json (the engine asks vLLM's model_config)
-ALL_MODE_TYPES = frozenset(
-    {"nemotron_h", "granitemoehybrid", "falcon_h1", "zamba2", "jamba", "mamba", "mamba2"}
-)
 
 
 def stops_engine_here(vllm: str | None) -> bool:
@@ -48,8 +44,10 @@ def stops_engine_here(vllm: str | None) -> bool:
 
 
 def stops_engine(model_type: str | None, vllm: str | None) -> bool:
-    """Prefix caching would stop the engine core for this model type on this vLLM."""
-    return model_type in ALL_MODE_TYPES and stops_engine_here(vllm)
+    """Prefix caching would stop the engine core for this model type on this vLLM (`launch`
+    reads families.py; the engine asks vLLM's model_config)."""
+    family = families.BY_TYPE.get(model_type or "")
+    return family is not None and family.mamba_all_mode and stops_engine_here(vllm)
 
 
 def all_mode(config: Any) -> bool:
@@ -93,7 +91,7 @@ PATCH = Patch(
             "vllm.config.vllm",
             "VllmConfig.__post_init__",
             _caching_off,
-            ("ed3a733f270eba53",),  # 0.25.0-0.25.1
+            POST_INIT_FINGERPRINTS,
         ),
     ),
 )

@@ -48,7 +48,11 @@ from packaging.version import Version
 
 from speculators_hybrid import switches
 from speculators_hybrid.registry import Patch, Target, base_version
-from speculators_hybrid.vllm_patches.hma_config import CONNECTOR, is_hybrid_extraction
+from speculators_hybrid.vllm_patches.hma_config import (
+    CONNECTOR,
+    POST_INIT_FINGERPRINTS,
+    is_hybrid_extraction,
+)
 from speculators_hybrid.vllm_patches.mamba_all_mode import all_mode, stops_engine_here, turn_off
 
 logger = logging.getLogger("vllm.speculators_hybrid")
@@ -57,22 +61,6 @@ FIRST_OPT_IN = Version("0.22")
 # vLLM PR 37374 made ExampleHiddenStatesConnector refuse chunked prefill; PR 43805 lifted it.
 STOCK_REFUSES_CHUNKED = (Version("0.22.0"), Version("0.24.0"))
 STOCK_TAKES_CHUNKS = STOCK_REFUSES_CHUNKED[1]  # before it, only our connector (chunked_prompts.py)
-
-# VllmConfig.__post_init__, which other patches wrap too (chunked_prompts.py)
-POST_INIT_FINGERPRINTS = (
-    "001a72ffb02dddaf",  # 0.22.0-0.22.1
-    "a0518c753537dae1",  # 0.24.0
-    "ed3a733f270eba53",  # 0.25.0-0.25.1
-    "38fbe3c6e8976849",  # 0.29.0
-    "664c26a2b4f177f6",  # 0.33.0
-    "8583df23984206bf",  # 0.23.0
-    "393699e663fc0710",  # 0.26.0
-    "d6977c46ecfcd821",  # 0.27.0-0.27.1
-    "1969c7f5d3ea7f03",  # 0.28.0
-    "eae90b3ca094c338",  # 0.30.0
-    "f7c2967b5256a6a3",  # 0.31.0
-    "7623a01408c594f0",  # 0.32.0
-)
 
 
 def opted_in() -> bool:

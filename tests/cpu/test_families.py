@@ -29,6 +29,18 @@ def test_the_family_table_says_what_this_vllm_has(family: Family) -> None:
     assert has == family.extracts_on(release), (family, release, cls)
 
 
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.model_type)
+def test_the_table_says_which_classes_vllm_caches_in_mamba_all_mode(family: Family) -> None:
+    """`launch` reads families.py for the model types whose state vLLM caches per block
+    (mamba_all_mode.py); the engine asks the class: both must agree wherever it exists."""
+    from vllm.model_executor.models.interfaces import supports_mamba_prefix_caching
+
+    cls = ModelRegistry._try_load_model_cls(family.architecture)
+    if cls is None:
+        pytest.skip(f"vLLM {installed('vllm')} has no {family.architecture}")
+    assert bool(supports_mamba_prefix_caching(cls)) == family.mamba_all_mode, family
+
+
 def _config(tmp_path, model_type: str, arch: str) -> str:
     folder = tmp_path / model_type
     folder.mkdir()
