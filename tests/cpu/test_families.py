@@ -19,6 +19,7 @@ from vllm.model_executor.models.interfaces import supports_eagle3
 from speculators_hybrid.families import BY_TYPE, FAMILIES, Family
 from speculators_hybrid.registry import base_version
 from speculators_hybrid.versions import installed
+from speculators_hybrid.vllm_patches import mamba_all_mode
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.model_type)
@@ -32,9 +33,18 @@ def test_the_family_table_says_what_this_vllm_has(family: Family) -> None:
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.model_type)
 def test_the_table_says_which_classes_vllm_caches_in_mamba_all_mode(family: Family) -> None:
     """`launch` reads families.py for the model types whose state vLLM caches per block
-    (mamba_all_mode.py); the engine asks the class: both must agree wherever it exists."""
-    from vllm.model_executor.models.interfaces import supports_mamba_prefix_caching
+    (mamba_all_mode.py); the engine asks the class: both must agree wherever it exists. From
+    vLLM 0.33.0 there is no 'all' mode (nor the class check): launch must not refuse there."""
+    from typing import get_args
 
+    from vllm.config import cache
+    from vllm.model_executor.models import interfaces
+
+    supports_mamba_prefix_caching = getattr(interfaces, "supports_mamba_prefix_caching", None)
+    if supports_mamba_prefix_caching is None:
+        assert "all" not in get_args(cache.MambaCacheMode)
+        assert not mamba_all_mode.stops_engine(family.model_type, installed("vllm"))
+        return
     cls = ModelRegistry._try_load_model_cls(family.architecture)
     if cls is None:
         pytest.skip(f"vLLM {installed('vllm')} has no {family.architecture}")
