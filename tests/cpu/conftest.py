@@ -17,9 +17,13 @@ import pytest
 
 pytest.importorskip("vllm")
 
+import model_info_cache  # noqa: E402
+
 from speculators_hybrid import cpu  # noqa: E402
 
+model_info_cache.use_own_root()
 cpu.prepare()
+model_info_cache.warm()  # ~10 s once instead of ~10 s per model class
 
 from vllm.plugins import load_general_plugins  # noqa: E402
 
