@@ -19,9 +19,12 @@ second batch of prompt_batches() must hit the cache, unless the plugin logs that
 caching off (no-prefix-caching-for-mamba-all-mode: vLLM's 'all' Mamba cache mode, where
 extraction stops the engine core on a 1-token chunk). LFM2-MoE and Qwen3-Next need vLLM's MoE
 kernels (stage vLLM with KEEP_MOE=1). Seen on an H200 (vLLM 0.25.0, 2026-12-02): every family
-within the floor but Qwen3-Next, whose two short prompts fail the per-file rule (bf16 routing of
-its experts: transformers' bf16 run routed like float32 there, vLLM's did not; on the long
-prompts vLLM's worst 0.9827 sits among the floors' 0.974-0.989).
+within the floor but Qwen3-Next, whose two short prompts fail the per-file rule (on the long
+prompts vLLM's worst 0.9827 sits among the floors' 0.974-0.989). Not a routing flip: the same
+checkpoint and prompts rebuilt on the CPU give the same floors, and forcing token 3 of the
+7-token prompt to its third expert in the float32 model, at any of layers 0-2, drops it to
+0.9883-0.9939 at id 3, where vLLM's file has 0.99956; the deviation is continuous, ~30x
+transformers' bf16 error there. Cause not found.
 Skipped without a GPU, and where families.py says the installed vLLM refuses the family. Run:
 `pytest tests/gpu/test_hybrid_families.py -s` on vLLM 0.20.1 and 0.25.0.
 """
