@@ -3,7 +3,13 @@
 # each vLLM release on the CPU, each speculators release. Extra arguments go to tox (`-e unit`).
 # Each env installs its lock (tests/requirements/locks/) with the CPU torch wheel from
 # PIP_FIND_LINKS (default /opt/wheels).
+# The whole matrix runs as many envs at once as there are cores (at most 4): each env's tests use
+# about one core. A failed env's output is printed when it ends; the others print one line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/tools.sh
+if [ $# -eq 0 ]; then
+  jobs=$(nproc 2>/dev/null || echo 1)
+  exec "$TOOLS/bin/tox" run-parallel --parallel "$(( jobs < 4 ? jobs : 4 ))" --parallel-no-spinner
+fi
 exec "$TOOLS/bin/tox" run "$@"
