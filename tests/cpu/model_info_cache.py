@@ -59,13 +59,17 @@ def use_own_root() -> None:
 
 def warm() -> None:
     """vLLM's model facts for ARCHITECTURES in the cache, from one fresh Python."""
-    done = subprocess.run(
-        [sys.executable, "-c", WARM, *ARCHITECTURES],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
     # not fatal: vLLM then learns each class the slow way, in a Python of its own
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", WARM, *ARCHITECTURES],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    except subprocess.TimeoutExpired:
+        print("model_info_cache: not warmed in 600 s", file=sys.stderr)
+        return
     if done.returncode != 0:
         print(f"model_info_cache: {done.stderr.strip()[-2000:]}", file=sys.stderr)
     for line in done.stdout.splitlines():
