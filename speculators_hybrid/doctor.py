@@ -20,6 +20,7 @@ from speculators_hybrid import planning
 
 GIB = 1 << 30
 SCHEMA = 1
+TARGET = 1.05  # the memory target: one max-length request <= 1.05x (docs/doctor.md)
 PLANS = ("no-extraction", "stock", "shim")
 TITLES = {
     "no-extraction": "serving without extraction (stock vLLM)",
@@ -249,6 +250,7 @@ def report(
         bytes_.hidden_bytes_per_token = len(ids) * served.get_hidden_size() * served.dtype.itemsize
     base = plans["no-extraction"].request_bytes
     target = base + bytes_.hidden_bytes_per_token * (setup.max_model_len or 0) if base else 0
+    spare = plans["shim"].ok and any(spare_state_blocks(specs).values())
     return {
         "schema": SCHEMA,
         "speculators_hybrid_version": __version__,
@@ -263,7 +265,39 @@ def report(
             if k != "no-extraction"
         },
         "plans": [asdict(plans[k]) for k in PLANS],
+        "prefill_only": prefill_only_plan(setup, memory, target) if spare else None,
         "warnings": warnings_for(setup, plans),
+    }
+
+
+def spare_state_blocks(specs: dict[str, Any] | None) -> dict[str, int]:
+    """Per state layer, the speculative blocks its spec reserves beside its own."""
+    return {
+        name: int(getattr(spec, "num_speculative_blocks", 0) or 0)
+        for name, spec in (specs or {}).items()
+        if hasattr(spec, "num_speculative_blocks")
+    }
+
+
+def prefill_only_plan(setup: planning.Setup, memory: int, target: int) -> dict[str, Any]:
+    """The shim plan as `launch --prefill-only` runs it: no spare state block per request."""
+    from speculators_hybrid.vllm_patches.prefill_only import ENV
+
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "1"
+    try:
+        plan, _, _ = plan_once("shim", setup, memory)
+    finally:
+        if before is None:
+            del os.environ[ENV]
+        else:
+            os.environ[ENV] = before
+    return {
+        "ok": plan.ok,
+        "error": plan.error,
+        "request_bytes": plan.request_bytes,
+        "ratio_to_target": plan.request_bytes / target if plan.ok and target else None,
+        "capacity_tokens": plan.capacity_tokens,
     }
 
 
@@ -346,11 +380,17 @@ def verdict(out: dict[str, Any]) -> str:
         if not stock["ok"]
         else f"stock vLLM reserves {size(stock['request_bytes'])} for it"
     )
+    lean = out.get("prefill_only") or {}
+    hint = (
+        f"; with --prefill-only {size(lean['request_bytes'])} ({lean['ratio_to_target']:.2f}x)"
+        if lean.get("ratio_to_target") and ratio and ratio > TARGET >= lean["ratio_to_target"]
+        else ""
+    )
     return (
         f"hidden-state extraction works on vLLM {vllm} with speculators-hybrid: one "
         f"{length:,}-token request needs {size(shim['request_bytes'])}"
         + (f" ({ratio:.2f}x the target)" if ratio else "")
-        + f"; {on_stock}."
+        + f"{hint}; {on_stock}."
     )
 
 
@@ -422,9 +462,24 @@ def render(out: dict[str, Any]) -> str:
             + (f" ({ratio:.2f}x target)" if ratio else "")
             + f"; KV capacity {p['capacity_tokens']:,} tokens"
         )
+    lines += prefill_only_lines(out)
     lines += [f"warning: {w}" for w in out["warnings"]]
     lines += ["", f"verdict: {out['verdict']}"]
     return "\n".join(lines)
+
+
+def prefill_only_lines(out: dict[str, Any]) -> list[str]:
+    p = out.get("prefill_only")
+    if not p or not p["ok"]:
+        return []
+    ratio = f" ({p['ratio_to_target']:.2f}x target)" if p["ratio_to_target"] else ""
+    return [
+        "",
+        "== the same with `launch --prefill-only` (every request max_tokens=1, as speculators'",
+        "   data generation sends): the state layers keep no spare speculative block per request",
+        f"   one max-length request needs {size(p['request_bytes'])}{ratio}; KV capacity "
+        f"{p['capacity_tokens']:,} tokens",
+    ]
 
 
 def _cli(args: argparse.Namespace) -> int:

@@ -40,3 +40,30 @@ def test_doctor_json_shows_the_memory_target_met(shim, capsys):
     assert kinds["FullAttentionSpec"]["count"] == 16 // width
     assert sum(g["count"] for g in ours["groups"]) == 64 // width + 1
     assert "hidden-states-own-page-size" in ours["patches"]
+    # the GDN layers' spare block is small beside 262,144 tokens: --prefill-only saves little
+    lean = out["prefill_only"]
+    assert lean["ok"] and lean["request_bytes"] < ours["request_bytes"]
+    assert lean["capacity_tokens"] > ours["capacity_tokens"]
+    assert "--prefill-only" not in out["verdict"]  # the default already meets the target
+
+
+@pytest.mark.full_tier
+def test_doctor_names_prefill_only_where_the_spare_state_block_misses_the_target(
+    shim, capsys, tmp_path
+):
+    """Nemotron-H 8B at 8,192 tokens: the spare Mamba block per request is a large part of it
+    (test_family_planning.py); doctor shows the plan without it and the verdict names it."""
+    from speculators_hybrid import families
+    from speculators_hybrid.family_presets import PRESETS, write_family_config
+    from speculators_hybrid.versions import installed
+
+    why = families.refusal(PRESETS["nemotron-h-8b"]["model_type"], installed("vllm"))
+    if why:
+        pytest.skip(why)
+    folder = write_family_config(tmp_path / "nemotron", "nemotron-h-8b")
+    assert main(["doctor", str(folder), "--json"]) == 0
+    text = capsys.readouterr().out
+    out = json.loads(text[text.rindex("\n{\n") + 1 :] if not text.startswith("{") else text)
+    assert out["ratio_to_target"]["shim"] > 1.05
+    assert out["prefill_only"]["ratio_to_target"] <= 1.05
+    assert "with --prefill-only" in out["verdict"]
