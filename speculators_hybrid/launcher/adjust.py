@@ -20,13 +20,8 @@ from speculators_hybrid.vllm_patches.chunked_prompts import PATCH as CHUNKED_PRO
 from speculators_hybrid.vllm_patches.extraction_input import id_problems as id_problems
 from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error
 from speculators_hybrid.vllm_patches.hidden_read import PATCH as READ_SLOTS
-from speculators_hybrid.vllm_patches.prefix_caching import (
-    FIRST_OPT_IN,
-    OPT_IN_ENV,
-    STOCK_REFUSES_CHUNKED,
-    opt_in_allowed,
-)
 from speculators_hybrid.vllm_patches.prefix_caching import PATCH as NO_PREFIX_CACHING
+from speculators_hybrid.vllm_patches.prefix_caching import STOCK_REFUSES_CHUNKED
 from speculators_hybrid.vllm_patches.writer import ASYNC_ENV
 
 PLUGIN = "speculators_hybrid"
@@ -118,30 +113,10 @@ def stops_engine(target: Target, vllm: str | None, argv: list[str]) -> bool:
     return mode != "align" and all_mode.stops_engine(target.model_type, vllm)
 
 
-def caching_kept(user_args: list[str], vllm: str | None, target: Target) -> bool:
-    """The user asked for prefix caching where our patch would turn it off and may keep it
-    (vllm_patches/prefix_caching.py: the opt-in; on 0.22-0.23 with our connector, which an
-    explicit --no-enable-chunked-prefill leaves out; never in Mamba cache mode 'all')."""
-    return (
-        "--enable-prefix-caching" in user_args
-        and not stops_engine(target, vllm, user_args)
-        and NO_PREFIX_CACHING.needed_for(vllm)
-        and opt_in_allowed(vllm)
-        and not (stock_refuses_chunked(vllm) and NO_CHUNKED_PREFILL in user_args)
-    )
-
-
-def _caching_env(
-    env: dict[str, str], user_args: list[str], vllm: str | None, target: Target, log: Log
-) -> dict[str, str] | None:
-    if not caching_kept(user_args, vllm, target) or env.get(OPT_IN_ENV):
-        return None
-    log(
-        f"--enable-prefix-caching asked for: {OPT_IN_ENV}=1, the plugin keeps it on (files after "
-        f"a cache hit are not yet GPU-proven on vLLM {vllm}: check them with "
-        "`speculators-hybrid verify`)"
-    )
-    return {**env, OPT_IN_ENV: "1"}
+def chunks_refused(user_args: list[str], vllm: str | None) -> bool:
+    """The plugin turns prefix caching off (vllm_patches/prefix_caching.py): on 0.22-0.23 the
+    user's --no-enable-chunked-prefill keeps vLLM's connector, which refuses chunked prefill."""
+    return bool(NO_PREFIX_CACHING.needed_for(vllm)) and NO_CHUNKED_PREFILL in user_args
 
 
 def _plugin_checks(log: Log) -> bool:
@@ -166,7 +141,7 @@ def _version(text: str | None) -> Version | None:
 
 
 def vllm_notes(
-    version: str | None, argv: list[str], target: Target, plugin: bool, kept: bool = False
+    version: str | None, argv: list[str], target: Target, plugin: bool, refused: bool = False
 ) -> list[str]:
     """Known problems of the installed vLLM with hybrid extraction, and what the plugin (if it
     will run) does about them; notes only, the command is not changed here."""
@@ -195,17 +170,17 @@ def vllm_notes(
             f"core on a 1-token prefill chunk ({all_mode.PATCH.id}; --mamba-cache-mode align "
             "keeps it on, not GPU-proven)"
         )
-    elif plugin and kept:
-        pass  # the plugin keeps it on as asked (_caching_env says so)
-    elif plugin and NO_PREFIX_CACHING.needed_for(version):
+    elif plugin and refused:
         notes.append(
-            f"vLLM {version}: the plugin turns prefix caching off for hybrid extraction "
-            f"(cache hits gave wrong hidden states; {NO_PREFIX_CACHING.id})"
+            f"vLLM {version}: the plugin turns prefix caching off for hybrid extraction: with "
+            f"{NO_CHUNKED_PREFILL}, vLLM's connector writes the files, and a hybrid model's "
+            f"caching needs chunked prefill ({NO_PREFIX_CACHING.id}; drop the flag to keep it)"
         )
-    elif plugin and v >= FIRST_OPT_IN:  # retired there: hits GPU-proven with the plugin
+    elif plugin and v >= OWN_CONNECTOR_BEFORE:
         notes.append(
             f"--enable-prefix-caching: vLLM {version}: the plugin keeps it on (files after "
-            "prefix-cache hits matched transformers on a GPU with its fixes)"
+            "prefix-cache hits matched transformers on a GPU on 0.20.1, 0.24.0 and 0.25.0; "
+            "`speculators-hybrid verify` checks yours)"
         )
     elif stock_refuses_chunked(version):
         notes.append(
@@ -262,8 +237,7 @@ def _align_check(argv: list[str], target: Target, batched: int) -> dict[str, Any
     child += ["--tp", tp] if tp and tp.strip().isdigit() else []
     child += ["--max-model-len", length] if length and length.strip().isdigit() else []
     child += ["--language-model-only"] if LANGUAGE_ONLY in argv else []
-    env = {**os.environ, OPT_IN_ENV: "1"}  # planned as served: caching on (the caller checked)
-    done = subprocess.run(child, capture_output=True, text=True, check=False, env=env)
+    done = subprocess.run(child, capture_output=True, text=True, check=False)
     lines = done.stdout.strip().splitlines()
     try:
         return dict(json.loads(lines[-1]))
@@ -293,9 +267,7 @@ def align_mode_batch(
     raw = Command("", argv).option(BATCH_FLAGS)
     if not (plugin and align_mode.constrained(vllm)) or raw is None or not raw.strip().isdigit():
         return argv
-    off_by_patch = (
-        NO_PREFIX_CACHING.needed_for(vllm) and not caching_kept(user_args, vllm, target)
-    ) or stops_engine(target, vllm, argv)
+    off_by_patch = chunks_refused(user_args, vllm) or stops_engine(target, vllm, argv)
     if "--no-enable-prefix-caching" in argv or off_by_patch:
         return argv  # caching off (asked for, or by our patch): no align mode
     result = checker(argv, target, int(raw))
@@ -346,15 +318,13 @@ def for_hybrid(
                 f"multimodal checkpoint: added {LANGUAGE_ONLY}, the vision tower is not built; "
                 f"layer ids come from text_config (n = {target.num_layers})"
             )
-    for note in vllm_notes(vllm, argv, target, plugin, caching_kept(user_args, vllm, target)):
+    for note in vllm_notes(vllm, argv, target, plugin, chunks_refused(user_args, vllm)):
         log(note)
     argv = align_mode_batch(argv, user_args, vllm, target, plugin, log)
     env = dict(cmd.env if cmd.env is not None else os.environ)
     changed = _plugins_env(env, log)
     ours = plugin and CHUNKED_PROMPTS.needed_for(vllm) and NO_CHUNKED_PREFILL not in argv
     changed = _writes_env(changed or env, vllm, ours, log) or changed
-    if plugin:
-        changed = _caching_env(changed or env, user_args, vllm, target, log) or changed
     return replace(cmd, argv=argv, env=changed if changed is not None else cmd.env)
 
 

@@ -16,9 +16,9 @@ block is 2,048 tokens), so its files after a hit are unproven.
 How: before vLLM builds its config, hybrid extraction with prefix caching on, for a model
 vLLM would cache in 'all' mode (`model_config.supports_mamba_prefix_caching`, Mamba cache mode
 unset or 'all'), gets `enable_prefix_caching=False`, with a log line saying why. An explicit
-`--mamba-cache-mode align` keeps caching on (not GPU-proven for Mamba2). This patch is for vLLM
-0.25.0, where no-prefix-caching-for-hybrid-extraction is retired; on the other releases that
-one turns caching off for every hybrid, and its opt-in refuses these models up to 0.31.
+`--mamba-cache-mode align` keeps caching on (not GPU-proven for Mamba2). On vLLM 0.22-0.31 (the
+assertion's releases); on 0.20.1 Nemotron-H with prefix caching on matched transformers on an
+H200 (2026-12-02, hits of 80-1,440 tokens).
 Upstream: none yet (vLLM 0.32.0 rewrote that path: no such assertion there).
 """
 
@@ -83,7 +83,7 @@ def _caching_off(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 PATCH = Patch(
     id="no-prefix-caching-for-mamba-all-mode",
     project="vllm",
-    versions="==0.25.0",
+    versions=CRASHES,
     fixed_upstream="none yet",
     why=__doc__ or "",
     targets=(

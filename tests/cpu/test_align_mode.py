@@ -13,8 +13,6 @@ import vllm
 from conftest import NO_CHUNKED_PREFILL, model_dir
 
 from speculators_hybrid import align_mode, planning
-from speculators_hybrid.vllm_patches.prefix_caching import OPT_IN_ENV, opt_in_allowed
-from speculators_hybrid.vllm_patches.prefix_caching import PATCH as NO_PREFIX_CACHING
 
 
 def _setup(batched: int) -> planning.Setup:
@@ -28,23 +26,17 @@ def _setup(batched: int) -> planning.Setup:
 
 @pytest.mark.skipif(
     NO_CHUNKED_PREFILL,
-    reason="vLLM 0.22-0.23: no chunked prefill with the connector, so prefix caching (and align "
-    "mode) stays off for hybrid extraction (tests/cpu/test_prefix_caching_opt_in.py)",
+    reason="vLLM 0.22-0.23: the CPU tests plan them without chunked prefill, as their stock "
+    "connector must run, so prefix caching (and align mode) is off (test_prefix_caching_kept.py)",
 )
 @pytest.mark.shim_only  # align_mode plans with the runtime patches, as launch runs it
 def test_align_mode_block_above_the_batch_is_refused_with_the_smallest_valid_value(
-    shim, monkeypatch
+    shim,
 ):
-    monkeypatch.setenv(OPT_IN_ENV, "1")  # caching kept on where the plugin may (0.24+)
     config = planning.engine_config(_setup(256))
     specs = planning.layer_specs(config)
     kv = planning.plan(config, specs, align_mode.PLAN_MEMORY)
     result = align_mode.check_config(config, kv)
-    version = vllm.__version__
-    if NO_PREFIX_CACHING.needed_for(version) and not opt_in_allowed(version):  # 0.22-0.23: off
-        assert not config.cache_config.enable_prefix_caching
-        assert result.mamba_cache_mode != "align" and result.ok
-        return
     assert result.mamba_cache_mode == "align"
     # The model's own engine block (attention sized to the GDN state), not the hidden group's.
     attention = {s.block_size for n, s in specs.items() if n.endswith("self_attn.attn")}
@@ -78,7 +70,7 @@ def test_launch_raises_a_launcher_value_below_the_engine_block():
     from speculators_hybrid.launcher.target import load
 
     version = vllm.__version__
-    if not align_mode.constrained(version) or NO_PREFIX_CACHING.needed_for(version):
+    if not align_mode.constrained(version) or NO_CHUNKED_PREFILL:
         pytest.skip("no align-mode refusal with the plugin on this vLLM")
     spec = '{"draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 32]}}}'
     argv = ["vllm", "serve", "m", "--speculative-config", spec, "--max-model-len", "8192"]

@@ -48,8 +48,8 @@ def test_with_shim_the_engine_keeps_the_models_block_size(shim, tp):
     from speculators_hybrid.vllm_patches.prefix_caching import PATCH as NO_PREFIX_CACHING
 
     config = engine_config(prefix_caching=True, max_model_len=8192, tp=tp)
-    # no-prefix-caching-for-hybrid-extraction: asked for, turned off (wrong hidden states
-    # measured on a GPU after a prefix-cache hit), except where it is retired (0.25.0).
+    # kept on as asked, but on 0.22-0.23, planned here without chunked prefill (their stock
+    # connector): no-prefix-caching-for-hybrid-extraction turns it off there.
     kept = not NO_PREFIX_CACHING.needed_for(vllm.__version__)
     assert config.cache_config.enable_prefix_caching is kept
     kv = planning.plan(config, planning.layer_specs(config), MEMORY)

@@ -31,7 +31,7 @@ def _request_bytes(preset: str = "qwen3.6-27b-like", **kw) -> tuple[int, object,
 
 
 def _caching_cases() -> list[bool]:
-    # vLLM >= 0.22 runs hybrid extraction with prefix caching off (our other patch turns it off).
+    # vLLM 0.22-0.23 without chunked prefill (as planned here) run it with prefix caching off.
     selected = {p.id for p in PATCHER.select(vllm_patches())}
     return [False] if "no-prefix-caching-for-hybrid-extraction" in selected else [False, True]
 

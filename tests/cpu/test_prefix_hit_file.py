@@ -1,11 +1,11 @@
-"""Issue 17: with prefix caching on for hybrid extraction (vLLM 0.22-0.33, the opt-in
-SPECULATORS_HYBRID_PREFIX_CACHING=1), the file the connector writes after a prefix-cache hit
+"""Issue 17: with prefix caching on for hybrid extraction (vLLM 0.22-0.33, kept on by the
+plugin), the file the connector writes after a prefix-cache hit
 holds every prompt token, each row read from the slot where that token's row was written, and
 equals the file of an uncached run of the same prompt. The connector is vLLM's own from 0.24;
 on 0.22-0.23, where vLLM's connector refuses chunked prefill (which a hybrid model's caching
 needs), ours, named by hidden-states-chunked-prompts.
 
-Real: the config (built with the opt-in, every patch this vLLM needs), the KV-cache plan,
+Real: the config (every patch this vLLM needs), the KV-cache plan,
 vLLM's scheduler with its KV cache manager and prefix cache, the scheduler-side connector it
 makes (`build_connector_meta`, `request_finished`), the worker-side connector (vLLM's factory,
 its save and write), the proposer's store (`basic_cache`) and vLLM's reader. The model is what
@@ -61,20 +61,14 @@ from upstream_worker import (  # noqa: F401 (cpu_copies: a fixture)
 from speculators_hybrid import planning
 from speculators_hybrid.vllm_patches.connector import slots_for
 from speculators_hybrid.vllm_patches.hma_config import CONNECTOR, STOCK_CONNECTOR
-from speculators_hybrid.vllm_patches.prefix_caching import (
-    OPT_IN_ENV,
-    STOCK_TAKES_CHUNKS,
-    opt_in_allowed,
-)
-from speculators_hybrid.vllm_patches.prefix_caching import PATCH as NO_PREFIX_CACHING
+from speculators_hybrid.vllm_patches.prefix_caching import STOCK_REFUSES_CHUNKED, STOCK_TAKES_CHUNKS
 
 pytestmark = [
     pytest.mark.full_tier,  # several engines' worth of scheduling per case: the full releases
     pytest.mark.usefixtures("cpu_copies"),
-    pytest.mark.shim_only,  # the opt-in is the plugin's; the diffs in patches/ keep caching off
+    pytest.mark.shim_only,  # with the plugin (on 0.22-0.23 its connector takes the chunks)
     pytest.mark.skipif(
-        not opt_in_allowed(PATCHER.version_of("vllm")),
-        reason="prefix caching for hybrid extraction can be opted into from vLLM 0.22",
+        VLLM < STOCK_REFUSES_CHUNKED[0], reason="vLLM < 0.22: the plugin's own connector path"
     ),
 ]
 
@@ -90,21 +84,16 @@ FIRST = [_RNG.randrange(1, 1020) for _ in range(1500)]
 
 @cache
 def _config(shim_patches: tuple[str, ...], caching: bool) -> Any:
-    mp = pytest.MonkeyPatch()
-    mp.setenv(OPT_IN_ENV, "1")
-    try:
-        setup = planning.Setup(
-            model=model_dir("tiny"), layer_ids=IDS, prefix_caching=caching, max_model_len=4096
-        )
-        return planning.engine_config(setup)
-    finally:
-        mp.undo()
+    setup = planning.Setup(
+        model=model_dir("tiny"), layer_ids=IDS, prefix_caching=caching, max_model_len=4096
+    )
+    return planning.engine_config(setup)
 
 
 def config_for(tmp_path, caching: bool = True) -> Any:
     config = copy.deepcopy(_config(tuple(p.id for p in PATCHER.selected), caching))
     if caching:
-        assert config.cache_config.enable_prefix_caching  # the opt-in kept it on
+        assert config.cache_config.enable_prefix_caching  # kept on
         assert config.cache_config.mamba_cache_mode == "align"
     assert config.kv_transfer_config.kv_connector == (CONNECTOR if OURS else STOCK_CONNECTOR)
     chunked(config, STEP)
@@ -308,10 +297,6 @@ def check(tmp_path, case: str) -> list[int]:
 
 @pytest.mark.parametrize("case", list(SHARED))
 def test_the_file_after_a_hit_is_the_uncached_file(shim, tmp_path, case):
-    # armed (caching kept by the opt-in), or retired on this release (0.25.0: GPU-proven)
-    assert NO_PREFIX_CACHING.needed_for(PATCHER.version_of("vllm")) == (
-        "no-prefix-caching-for-hybrid-extraction" in {p.id for p in PATCHER.selected}
-    )
     check(tmp_path, case)
 
 

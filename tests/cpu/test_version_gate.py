@@ -27,10 +27,11 @@ BEFORE_022 = {
     "nemotron_h-eagle3",  # vLLM 0.22 adds SupportsEagle3 to NemotronH
     "hidden-states-wide-group",  # the default with prefix caching off
 }
+NO_CACHING = "no-prefix-caching-for-hybrid-extraction"  # 0.22-0.23, chunked prefill off
+ALL_MODE = "no-prefix-caching-for-mamba-all-mode"  # 0.22-0.31
 FROM_022 = {
     PROVENANCE,
     "hidden-block-divides-engine-block",
-    "no-prefix-caching-for-hybrid-extraction",
     "hidden-states-safe-file-names",
     OWN_PAGE,
     "granitemoehybrid-eagle3",  # 0.20/0.21 refuse the model type by name
@@ -47,23 +48,23 @@ NEEDED = {
     "0.20.1": BEFORE_022,
     "0.20.2": BEFORE_022,
     "0.21.0": BEFORE_022,
-    "0.22.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES},
-    "0.22.1": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES},
-    "0.23.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES},  # reads as 0.22: no READ_SLOTS
-    "0.24.0": FROM_022 | {WHOLE, NAMES} | {TEXT_ONLY, PAD_SLOTS, READ_SLOTS, PREFIX_HIT},
-    # prefix caching GPU-proven with the hit fix: no-prefix-caching-for-hybrid-extraction retired
-    # (Mamba cache mode 'all' keeps it off: the engine core would stop on a 1-token chunk)
-    "0.25.0": FROM_022 - {"no-prefix-caching-for-hybrid-extraction"}
-    | {WHOLE, TEXT_ONLY, PREFIX_HIT, NAMES, "no-prefix-caching-for-mamba-all-mode"},
-    "0.25.1": FROM_022 | {WHOLE, NAMES} | {TEXT_ONLY, PREFIX_HIT},
-    "0.26.0": FROM_022 | {WHOLE} | {TEXT_ONLY, PREFIX_HIT},
+    # 0.22-0.23: caching off only with vLLM's connector (no chunked prefill); 0.22-0.31: off for
+    # models in Mamba cache mode 'all' (the engine core would stop on a 1-token chunk)
+    "0.22.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES, NO_CACHING, ALL_MODE},
+    "0.22.1": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES, NO_CACHING, ALL_MODE},
+    "0.23.0": FROM_022
+    | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES, NO_CACHING, ALL_MODE},  # no READ_SLOTS
+    "0.24.0": FROM_022 | {WHOLE, NAMES, ALL_MODE} | {TEXT_ONLY, PAD_SLOTS, READ_SLOTS, PREFIX_HIT},
+    "0.25.0": FROM_022 | {WHOLE, TEXT_ONLY, PREFIX_HIT, NAMES, ALL_MODE},
+    "0.25.1": FROM_022 | {WHOLE, NAMES, ALL_MODE} | {TEXT_ONLY, PREFIX_HIT},
+    "0.26.0": FROM_022 | {WHOLE, ALL_MODE} | {TEXT_ONLY, PREFIX_HIT},
     # 0.27.0 registers the text-only classes and reconciles a diverged per-group hit
-    "0.27.0": FROM_022 | {WHOLE},
-    "0.27.1": FROM_022 | {WHOLE},
-    "0.28.0": FROM_022 | {WHOLE},
-    "0.29.0": FROM_022 | {WHOLE} | {RUNNER_V1},
-    "0.30.0": FROM_022 | {WHOLE} | {RUNNER_V1},
-    "0.31.0": FROM_022 | {WHOLE} | {RUNNER_V1},
+    "0.27.0": FROM_022 | {WHOLE, ALL_MODE},
+    "0.27.1": FROM_022 | {WHOLE, ALL_MODE},
+    "0.28.0": FROM_022 | {WHOLE, ALL_MODE},
+    "0.29.0": FROM_022 | {WHOLE, ALL_MODE} | {RUNNER_V1},
+    "0.30.0": FROM_022 | {WHOLE, ALL_MODE} | {RUNNER_V1},
+    "0.31.0": FROM_022 | {WHOLE, ALL_MODE} | {RUNNER_V1},
     "0.32.0": FROM_022 | {WHOLE} | {RUNNER_V1},
     "0.33.0": FROM_022 | {WHOLE} | {RUNNER_V1},
 }

@@ -233,7 +233,7 @@ def test_vllm_before_020_gets_no_language_model_only(targets, monkeypatch, capsy
 
 KNOWN_PROBLEMS = [  # (vLLM, vLLM args, the warning without the plugin, the note with it)
     ("0.24.0", [], "all-zero hidden states", "hidden-states-read-slots keeps"),
-    # An explicit --enable-prefix-caching is the opt-in (issue 17) from 0.22: kept, with a word.
+    # The plugin keeps an explicit --enable-prefix-caching from 0.22 (issue 17), with a word.
     ("0.25.0", ["--enable-prefix-caching"], "hash_block_size", "the plugin keeps it on"),
     (
         "0.22.1",
@@ -270,18 +270,32 @@ def test_prefix_caching_for_a_mamba_all_mode_model_is_said_off(
     version, tmp_path, monkeypatch, capsys
 ):
     """Nemotron-H: vLLM would cache its Mamba state in 'all' mode, where extraction stops the
-    engine core up to 0.31 (mamba_all_mode.py): no opt-in, a note that says so."""
+    engine core up to 0.31 (mamba_all_mode.py): a note that says so."""
     from speculators_hybrid.family_presets import write_family_config
 
     vllm(version, monkeypatch)
     monkeypatch.setattr(adjust, "_plugin_checks", lambda log: True)
     model = write_family_config(tmp_path / "nemotron", "nemotron-h-8b")
-    cmd, _ = launch.plan([str(model), "--", "--enable-prefix-caching"])
+    launch.plan([str(model), "--", "--enable-prefix-caching"])
     err = capsys.readouterr().err
     assert "turns prefix caching off for this model" in err and "the plugin keeps it on" not in err
-    assert (cmd.env or {}).get(adjust.OPT_IN_ENV) is None
     launch.plan([str(model), "--", "--enable-prefix-caching", "--mamba-cache-mode", "align"])
     assert "turns prefix caching off" not in capsys.readouterr().err  # the user's 'align' stays
+
+
+@pytest.mark.parametrize("version", ["0.22.1", "0.23.0"])
+def test_prefix_caching_without_chunked_prefill_on_0_22_is_said_off(
+    version, targets, monkeypatch, capsys
+):
+    """vLLM 0.22-0.23: the user's --no-enable-chunked-prefill keeps vLLM's connector, which
+    refuses the chunked prefill a hybrid model's caching needs (prefix_caching.py)."""
+    vllm(version, monkeypatch)
+    monkeypatch.setattr(adjust, "_plugin_checks", lambda log: True)
+    args = ["--enable-prefix-caching", "--no-enable-chunked-prefill"]
+    launch.plan([str(targets["hybrid-text"]), "--", *args])
+    err = capsys.readouterr().err
+    assert "turns prefix caching off for hybrid extraction" in err
+    assert "the plugin keeps it on" not in err
 
 
 def test_plain_targets_get_no_warnings(targets, monkeypatch, capsys):

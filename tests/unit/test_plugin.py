@@ -51,7 +51,6 @@ BEFORE_022 = {
 }
 FROM_022 = {
     "hidden-block-divides-engine-block",
-    "no-prefix-caching-for-hybrid-extraction",
     "hidden-states-provenance",
     "hidden-states-safe-file-names",
     "granitemoehybrid-eagle3",  # 0.20/0.21 refuse the model type by name
@@ -62,6 +61,7 @@ FROM_022 = {
     "zamba2-eagle3",  # likewise
 }
 NAMES = {"granite-layer-type-names"}  # vLLM 0.22-0.25: transformers >= 5.13's layer types
+ALL_MODE = {"no-prefix-caching-for-mamba-all-mode"}  # 0.22-0.31: the engine core would stop
 HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
 RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2
 WHOLE = {  # 0.24+ save at request_finished, and make each request's lock in wait_for_save
@@ -77,7 +77,12 @@ WHOLE = {  # 0.24+ save at request_finished, and make each request's lock in wai
         ("0.21.0", EVERY | BEFORE_022),
         (
             "0.22.0",
-            EVERY | FROM_022 | NAMES | {"hidden-states-pad-slots", "hidden-states-chunked-prompts"},
+            EVERY
+            | FROM_022
+            | NAMES
+            | ALL_MODE
+            | {"hidden-states-pad-slots", "hidden-states-chunked-prompts"}
+            | {"no-prefix-caching-for-hybrid-extraction"},  # only with chunked prefill off
         ),
         (
             "0.24.0",
@@ -86,20 +91,15 @@ WHOLE = {  # 0.24+ save at request_finished, and make each request's lock in wai
             | {"hidden-states-pad-slots", "hidden-states-read-slots"}
             | NAMES
             | HIT
-            | WHOLE,
+            | WHOLE
+            | ALL_MODE,
         ),
-        # no-prefix-caching-for-hybrid-extraction retired: hits GPU-proven with the fixes;
-        # models in Mamba cache mode 'all' keep caching off (the engine core would stop)
+        ("0.25.0", EVERY | FROM_022 | NAMES | HIT | WHOLE | ALL_MODE),
         (
-            "0.25.0",
-            EVERY
-            | (FROM_022 - {"no-prefix-caching-for-hybrid-extraction"})
-            | {"no-prefix-caching-for-mamba-all-mode"}
-            | NAMES
-            | HIT
-            | WHOLE,
+            "0.29.0",
+            (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1 | WHOLE | ALL_MODE,
         ),
-        ("0.29.0", (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1 | WHOLE),
+        ("0.32.0", (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1 | WHOLE),
     ],
 )
 def test_each_vllm_version_selects_the_patches_it_needs(version, expected):
