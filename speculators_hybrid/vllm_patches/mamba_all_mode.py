@@ -17,8 +17,9 @@ How: before vLLM builds its config, hybrid extraction with prefix caching on, fo
 vLLM would cache in 'all' mode (`model_config.supports_mamba_prefix_caching`, Mamba cache mode
 unset or 'all'), gets `enable_prefix_caching=False`, with a log line saying why. An explicit
 `--mamba-cache-mode align` keeps caching on (not GPU-proven for Mamba2). On vLLM 0.22-0.31 (the
-assertion's releases); on 0.20.1 Nemotron-H with prefix caching on matched transformers on an
-H200 (2026-12-02, hits of 80-1,440 tokens).
+assertion's releases); from 0.28 vLLM's default is 'align' for every model, so there only an
+explicit `--mamba-cache-mode all` is turned off. On 0.20.1 Nemotron-H with prefix caching on
+matched transformers on an H200 (2026-12-02, hits of 80-1,440 tokens).
 Upstream: none yet (vLLM 0.32.0 rewrote that path: no such assertion there).
 """
 
@@ -36,6 +37,13 @@ from speculators_hybrid.vllm_patches.hma_config import POST_INIT_FINGERPRINTS, i
 logger = logging.getLogger("vllm.speculators_hybrid")
 # the releases whose MambaMixer2 asserts on a 1-token query without draft tokens
 CRASHES = ">=0.22,<0.32"
+# where vLLM, with prefix caching and no --mamba-cache-mode, picks 'all' for a class that
+# supports Mamba prefix caching (from 0.28 it picks 'align' for every model)
+ALL_BY_DEFAULT = "<0.28"
+
+
+def all_by_default(vllm: str | None) -> bool:
+    return vllm is not None and base_version(vllm) in SpecifierSet(ALL_BY_DEFAULT)
 
 
 def stops_engine_here(vllm: str | None) -> bool:
@@ -51,14 +59,18 @@ def stops_engine(model_type: str | None, vllm: str | None) -> bool:
 
 
 def all_mode(config: Any) -> bool:
-    """Hybrid extraction with prefix caching on, for a model vLLM caches in 'all' mode."""
+    """Hybrid extraction with prefix caching on, for a model vLLM caches in 'all' mode (asked
+    for, or vLLM's default for it on this release)."""
+    import vllm
+
     cache = getattr(config, "cache_config", None)
     model = getattr(config, "model_config", None)
+    mode = getattr(cache, "mamba_cache_mode", "none")
     return (
         cache is not None
         and bool(cache.enable_prefix_caching)
         and is_hybrid_extraction(config)
-        and getattr(cache, "mamba_cache_mode", "none") in ("none", "all")
+        and (mode == "all" or (mode == "none" and all_by_default(vllm.__version__)))
         and bool(getattr(model, "supports_mamba_prefix_caching", False))
     )
 

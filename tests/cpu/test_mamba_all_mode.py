@@ -21,7 +21,7 @@ from speculators_hybrid import planning
 from speculators_hybrid.family_presets import write_family_config
 from speculators_hybrid.registry import base_version
 from speculators_hybrid.versions import installed
-from speculators_hybrid.vllm_patches.mamba_all_mode import CRASHES
+from speculators_hybrid.vllm_patches.mamba_all_mode import CRASHES, all_by_default, all_mode
 from speculators_hybrid.vllm_patches.mamba_all_mode import PATCH as ALL_MODE
 
 RELEASE = base_version(installed("vllm") or "0")
@@ -48,18 +48,35 @@ def _caching(tmp_path: Path, preset: str, shim: bool) -> tuple[bool, str]:
 
 @pytest.mark.shim_only  # stock vLLM's own choice beside the plugin's
 def test_all_mode_models_lose_prefix_caching_where_the_engine_would_stop(tmp_path):
-    crashes = RELEASE in SpecifierSet(CRASHES)
+    # vLLM picks 'all' for these models before 0.28, 'align' from 0.28; 0.22-0.31 assert in 'all'
+    stops = RELEASE in SpecifierSet(CRASHES) and all_by_default(str(RELEASE))
     # stock 0.22-0.23 refuse their connector with chunked prefill, which caching needs here
-    if ALL_MODE.needed_for(str(RELEASE)) and RELEASE in SpecifierSet(">=0.24"):
-        assert _caching(tmp_path, "nemotron-h-8b", shim=False) == (True, "all")  # stock vLLM
+    if RELEASE in SpecifierSet(">=0.24"):
+        default = "all" if all_by_default(str(RELEASE)) else "align"
+        assert _caching(tmp_path, "nemotron-h-8b", shim=False) == (True, default)  # stock vLLM
     for preset in ("nemotron-h-8b", "jamba-mini-1.5"):  # Mamba2 and Mamba1 layers
         on, mode = _caching(tmp_path, preset, shim=True)
-        assert on is not crashes, (preset, mode)  # 0.32+ keep it (and may pick 'align' there)
+        assert on is not stops, (preset, mode)
+        assert mode == ("none" if stops else "align"), (preset, mode)
     # a model in 'align' mode keeps the prefix caching asked for
     assert _caching(tmp_path, "lfm2-2.6b", shim=True) == (True, "align")
 
 
 @pytest.mark.skipif(not ALL_MODE.needed_for(str(RELEASE)), reason="vLLM 0.22-0.31 only")
-def test_granite_loses_caching_and_lfm2_keeps_it(tmp_path):
-    assert _caching(tmp_path, "granite-4.0-h-small", shim=True)[0] is False
-    assert _caching(tmp_path, "lfm2-2.6b", shim=True) == (True, "align")
+def test_an_explicit_all_mode_is_caught_on_every_release_that_asserts(tmp_path):
+    """`--mamba-cache-mode all` on 0.28-0.31 (asked for, not vLLM's default there)."""
+    set_shim(True)
+    setup = planning.Setup(
+        model=str(write_family_config(tmp_path / "granite", "granite-4.0-h-small")),
+        layer_ids=(2, 4),
+        prefix_caching=True,
+        max_model_len=4096,
+    )
+    config = planning.engine_config(setup)
+    if all_by_default(str(RELEASE)):
+        assert not config.cache_config.enable_prefix_caching  # turned off before vLLM chose
+        config.cache_config.enable_prefix_caching = True
+    config.cache_config.mamba_cache_mode = "all"
+    assert all_mode(config)
+    config.cache_config.mamba_cache_mode = "align"
+    assert not all_mode(config)

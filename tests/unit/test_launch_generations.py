@@ -265,7 +265,7 @@ def test_with_the_plugin_the_note_says_what_it_does(
     assert note in err and warning not in err
 
 
-@pytest.mark.parametrize("version", ["0.25.0", "0.24.0", "0.31.0"])
+@pytest.mark.parametrize("version", ["0.25.0", "0.24.0", "0.27.1"])
 def test_prefix_caching_for_a_mamba_all_mode_model_is_said_off(
     version, tmp_path, monkeypatch, capsys
 ):
@@ -281,6 +281,20 @@ def test_prefix_caching_for_a_mamba_all_mode_model_is_said_off(
     assert "turns prefix caching off for this model" in err and "the plugin keeps it on" not in err
     launch.plan([str(model), "--", "--enable-prefix-caching", "--mamba-cache-mode", "align"])
     assert "turns prefix caching off" not in capsys.readouterr().err  # the user's 'align' stays
+
+
+def test_from_0_28_only_an_explicit_all_mode_is_said_off(tmp_path, monkeypatch, capsys):
+    """vLLM 0.28-0.31 cache in 'align' mode by default; 'all' asked for still asserts."""
+    from speculators_hybrid.family_presets import write_family_config
+
+    vllm("0.31.0", monkeypatch)
+    monkeypatch.setattr(adjust, "_plugin_checks", lambda log: True)
+    model = write_family_config(tmp_path / "nemotron", "nemotron-h-8b")
+    launch.plan([str(model), "--", "--enable-prefix-caching"])
+    err = capsys.readouterr().err
+    assert "turns prefix caching off" not in err and "the plugin keeps it on" in err
+    launch.plan([str(model), "--", "--enable-prefix-caching", "--mamba-cache-mode", "all"])
+    assert "turns prefix caching off for this model" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("version", ["0.22.1", "0.23.0"])
