@@ -15,6 +15,7 @@ import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+from unittest.mock import patch
 
 from speculators_hybrid import planning
 
@@ -250,7 +251,7 @@ def report(
         bytes_.hidden_bytes_per_token = len(ids) * served.get_hidden_size() * served.dtype.itemsize
     base = plans["no-extraction"].request_bytes
     target = base + bytes_.hidden_bytes_per_token * (setup.max_model_len or 0) if base else 0
-    spare = plans["shim"].ok and any(spare_state_blocks(specs).values())
+    spare = plans["shim"].ok and keeps_spare_state_blocks(specs)
     return {
         "schema": SCHEMA,
         "speculators_hybrid_version": __version__,
@@ -270,28 +271,17 @@ def report(
     }
 
 
-def spare_state_blocks(specs: dict[str, Any] | None) -> dict[str, int]:
-    """Per state layer, the speculative blocks its spec reserves beside its own."""
-    return {
-        name: int(getattr(spec, "num_speculative_blocks", 0) or 0)
-        for name, spec in (specs or {}).items()
-        if hasattr(spec, "num_speculative_blocks")
-    }
+def keeps_spare_state_blocks(specs: dict[str, Any] | None) -> bool:
+    """A state layer's spec reserves speculative blocks beside its own."""
+    return any(getattr(spec, "num_speculative_blocks", 0) for spec in (specs or {}).values())
 
 
 def prefill_only_plan(setup: planning.Setup, memory: int, target: int) -> dict[str, Any]:
     """The shim plan as `launch --prefill-only` runs it: no spare state block per request."""
     from speculators_hybrid.vllm_patches.prefill_only import ENV
 
-    before = os.environ.get(ENV)
-    os.environ[ENV] = "1"
-    try:
+    with patch.dict(os.environ, {ENV: "1"}):
         plan, _, _ = plan_once("shim", setup, memory)
-    finally:
-        if before is None:
-            del os.environ[ENV]
-        else:
-            os.environ[ENV] = before
     return {
         "ok": plan.ok,
         "error": plan.error,

@@ -110,8 +110,7 @@ def stops_engine(target: Target, vllm: str | None, argv: list[str]) -> bool:
     """Prefix caching would stop the engine core for this model (mamba_all_mode.py): vLLM
     would cache its Mamba state in 'all' mode, asked for or its default (before 0.28)."""
     mode = Command("", argv).option(MAMBA_MODE_FLAGS)
-    all_ = mode == "all" or (mode in (None, "none") and all_mode.all_by_default(vllm))
-    return all_ and all_mode.stops_engine(target.model_type, vllm)
+    return all_mode.caches_all(mode, vllm) and all_mode.stops_engine(target.model_type, vllm)
 
 
 def chunks_refused(user_args: list[str], vllm: str | None) -> bool:

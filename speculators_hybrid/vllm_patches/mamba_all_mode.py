@@ -42,8 +42,10 @@ CRASHES = ">=0.22,<0.32"
 ALL_BY_DEFAULT = "<0.28"
 
 
-def all_by_default(vllm: str | None) -> bool:
-    return vllm is not None and base_version(vllm) in SpecifierSet(ALL_BY_DEFAULT)
+def caches_all(mode: str | None, vllm: str | None) -> bool:
+    """vLLM caches in 'all' mode: asked for, or left to its default (unset or 'none')."""
+    by_default = vllm is not None and base_version(vllm) in SpecifierSet(ALL_BY_DEFAULT)
+    return mode == "all" or (mode in (None, "none") and by_default)
 
 
 def stops_engine_here(vllm: str | None) -> bool:
@@ -70,7 +72,7 @@ def all_mode(config: Any) -> bool:
         cache is not None
         and bool(cache.enable_prefix_caching)
         and is_hybrid_extraction(config)
-        and (mode == "all" or (mode == "none" and all_by_default(vllm.__version__)))
+        and caches_all(mode, vllm.__version__)
         and bool(getattr(model, "supports_mamba_prefix_caching", False))
     )
 

@@ -21,7 +21,7 @@ from speculators_hybrid import planning
 from speculators_hybrid.family_presets import write_family_config
 from speculators_hybrid.registry import base_version
 from speculators_hybrid.versions import installed
-from speculators_hybrid.vllm_patches.mamba_all_mode import CRASHES, all_by_default, all_mode
+from speculators_hybrid.vllm_patches.mamba_all_mode import CRASHES, all_mode, caches_all
 from speculators_hybrid.vllm_patches.mamba_all_mode import PATCH as ALL_MODE
 
 RELEASE = base_version(installed("vllm") or "0")
@@ -49,10 +49,10 @@ def _caching(tmp_path: Path, preset: str, shim: bool) -> tuple[bool, str]:
 @pytest.mark.shim_only  # stock vLLM's own choice beside the plugin's
 def test_all_mode_models_lose_prefix_caching_where_the_engine_would_stop(tmp_path):
     # vLLM picks 'all' for these models before 0.28, 'align' from 0.28; 0.22-0.31 assert in 'all'
-    stops = RELEASE in SpecifierSet(CRASHES) and all_by_default(str(RELEASE))
+    stops = RELEASE in SpecifierSet(CRASHES) and caches_all(None, str(RELEASE))
     # stock 0.22-0.23 refuse their connector with chunked prefill, which caching needs here
     if RELEASE in SpecifierSet(">=0.24"):
-        default = "all" if all_by_default(str(RELEASE)) else "align"
+        default = "all" if caches_all(None, str(RELEASE)) else "align"
         assert _caching(tmp_path, "nemotron-h-8b", shim=False) == (True, default)  # stock vLLM
     for preset in ("nemotron-h-8b", "jamba-mini-1.5"):  # Mamba2 and Mamba1 layers
         on, mode = _caching(tmp_path, preset, shim=True)
@@ -73,7 +73,7 @@ def test_an_explicit_all_mode_is_caught_on_every_release_that_asserts(tmp_path):
         max_model_len=4096,
     )
     config = planning.engine_config(setup)
-    if all_by_default(str(RELEASE)):
+    if caches_all(None, str(RELEASE)):
         assert not config.cache_config.enable_prefix_caching  # turned off before vLLM chose
         config.cache_config.enable_prefix_caching = True
     config.cache_config.mamba_cache_mode = "all"
