@@ -17,9 +17,9 @@ Upstream: vLLM 0.27.0 falls back to the hit all groups agree on when no connecto
 deeper per-group hit; 0.28.0 takes per-group hits only from connectors that declare
 `supports_divergent_local_hybrid_hits` (issue 46453; PRs 48425, 50344). Both resume at 960 here
 (tests/cpu/test_prefix_hit_fixed.py).
-With this fix an H200 run of vLLM 0.25.0 matched transformers after hits of 80-1,440 tokens
-(2026-12-02), so prefix caching stays on there; on the other releases >= 0.22 it stays off for
-hybrid extraction (prefix_caching.py) until a GPU run shows the same.
+With this fix H200 runs of vLLM 0.24.0 and 0.25.0 matched transformers after hits of 80-1,440
+tokens (2026-12-02/03), so prefix caching stays on for hybrid extraction (prefix_caching.py
+turns it off only where vLLM's own connector cannot take chunked prefill, 0.22-0.23).
 """
 
 from __future__ import annotations
