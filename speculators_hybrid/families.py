@@ -44,22 +44,22 @@ FAMILIES: tuple[Family, ...] = (
         "nemotron_h", "NemotronHForCausalLM", "0.20.0", mamba_all_mode=True
     ),  # patch nemotron_h-eagle3 < 0.22
     # patch granitemoehybrid-eagle3 (< 0.26 also granite-layer-type-names: transformers >= 5.13's
-    # layer type names); 0.20/0.21 refuse the model type by name (SpeculativeConfig)
-    Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "0.22.0", mamba_all_mode=True),
+    # layer type names); on 0.20/0.21 these six also need extraction-model-type-list
+    Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", "0.20.0", mamba_all_mode=True),
     Family(
-        "falcon_h1", "FalconH1ForCausalLM", "0.22.0", mamba_all_mode=True
+        "falcon_h1", "FalconH1ForCausalLM", "0.20.0", mamba_all_mode=True
     ),  # patch falcon_h1-eagle3, as granite
     Family(
-        "jamba", "JambaForCausalLM", "0.22.0", mamba_all_mode=True
+        "jamba", "JambaForCausalLM", "0.20.0", mamba_all_mode=True
     ),  # patch jamba-eagle3, as granite
     Family(
         "bamba", "BambaForCausalLM", None, mamba_all_mode=True
     ),  # vLLM 0.24.0 removed the class (not patched)
     Family(
-        "zamba2", "Zamba2ForCausalLM", "0.22.0", mamba_all_mode=True
+        "zamba2", "Zamba2ForCausalLM", "0.20.0", mamba_all_mode=True
     ),  # patch zamba2-eagle3, as granite
-    Family("lfm2", "Lfm2ForCausalLM", "0.22.0"),  # patch lfm2-eagle3, as granite
-    Family("lfm2_moe", "Lfm2MoeForCausalLM", "0.22.0"),  # patch lfm2_moe-eagle3, as granite
+    Family("lfm2", "Lfm2ForCausalLM", "0.20.0"),  # patch lfm2-eagle3, as granite
+    Family("lfm2_moe", "Lfm2MoeForCausalLM", "0.20.0"),  # patch lfm2_moe-eagle3, as granite
 )
 BY_TYPE = {f.model_type: f for f in FAMILIES}
 

@@ -3,8 +3,8 @@
 Why: vLLM's `FalconH1ForCausalLM` (`falcon_h1`: each layer runs attention and Mamba-2 side by
 side) has no `SupportsEagle3` in any release 0.20.0-0.33.0, so `extract_hidden_states` fails
 after loading the weights ("Model does not support EAGLE3 interface"). On 0.20/0.21 vLLM's
-SpeculativeConfig also refuses the model type by name (`falcon_h1` is not in its list), before
-any class is looked at: the patch starts at 0.22, where that list is gone.
+SpeculativeConfig also refuses the model type by name (not in its list): extraction-model-type-
+list (eagle3_model_types.py) lets it through.
 How: `FalconH1Model.forward` is replaced by ours (eagle3_aux.py says why it is a plain function)
 and `FalconH1ForCausalLM` by a subclass with `SupportsEagle3`. Each `FalconH1ParallelHybrid`
 layer takes and returns the residual stream itself (no separate residual), so id i is the output
@@ -60,7 +60,7 @@ def falcon_h1_forward(
 PATCH = Patch(
     id="falcon_h1-eagle3",
     project="vllm",
-    versions=">=0.22",
+    versions=">=0.20",
     fixed_upstream="none yet",
     why=__doc__ or "",
     targets=(
@@ -68,7 +68,7 @@ PATCH = Patch(
             MODULE,
             "FalconH1Model.forward",
             replacing(falcon_h1_forward),
-            ("c03e2b8d34f71bc2",),  # 0.22.0-0.33.0
+            ("c03e2b8d34f71bc2",),  # 0.20.0-0.33.0
             replaces=True,
         ),
         Target(
@@ -76,7 +76,7 @@ PATCH = Patch(
             "FalconH1ForCausalLM",
             eagle3_class,
             (
-                "1ba29e7b2ac8c2fc",  # 0.22.0-0.24.0
+                "1ba29e7b2ac8c2fc",  # 0.20.0-0.24.0
                 "7c34d9c61603ef0f",  # 0.25.0-0.28.0
                 "7d33d33ebbb16cee",  # 0.29.0-0.31.0
                 "eb3571054ab4593e",  # 0.32.0

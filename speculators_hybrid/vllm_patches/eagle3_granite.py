@@ -3,8 +3,8 @@
 Why: vLLM's `GraniteMoeHybridForCausalLM` (Mamba-2 + attention, `granitemoehybrid`) has no
 `SupportsEagle3` in any release 0.20.0-0.33.0, so `extract_hidden_states` fails after loading
 the weights ("Model does not support EAGLE3 interface"). On 0.20/0.21 vLLM's SpeculativeConfig
-also refuses the model type by name (`granitemoehybrid` is not in its list), before any class is
-looked at: the patch starts at 0.22, where that list is gone.
+also refuses the model type by name (not in its list): extraction-model-type-list
+(eagle3_model_types.py) lets it through.
 How: `GraniteMoeHybridModel.forward` is replaced by ours (eagle3_aux.py says why it is a plain
 function) and `GraniteMoeHybridForCausalLM` by a subclass with `SupportsEagle3`. Each decoder
 layer returns the residual stream itself as its hidden states (`residual + out * multiplier`;
@@ -64,7 +64,7 @@ def granite_forward(
 PATCH = Patch(
     id="granitemoehybrid-eagle3",
     project="vllm",
-    versions=">=0.22",
+    versions=">=0.20",
     fixed_upstream="none yet",
     why=__doc__ or "",
     targets=(
@@ -72,7 +72,7 @@ PATCH = Patch(
             MODULE,
             "GraniteMoeHybridModel.forward",
             replacing(granite_forward),
-            ("499f387c8e071625",),  # 0.22.0-0.33.0
+            ("499f387c8e071625",),  # 0.20.0-0.33.0
             replaces=True,
         ),
         Target(
@@ -80,7 +80,7 @@ PATCH = Patch(
             "GraniteMoeHybridForCausalLM",
             eagle3_class,
             (
-                "3fb8623a49c51053",  # 0.22.0-0.27.1
+                "3fb8623a49c51053",  # 0.20.0-0.27.1
                 "f724f161c9a280c7",  # 0.28.0
                 "450f2d1c2f892f6e",  # 0.29.0-0.31.0
                 "cfe9e909dcd6229c",  # 0.32.0

@@ -3,8 +3,8 @@
 Why: vLLM's `Lfm2ForCausalLM` (`lfm2`: short gated convolutions + attention, Liquid's LFM2) has
 no `SupportsEagle3` in any release 0.20.0-0.33.0, so `extract_hidden_states` fails after loading
 the weights ("Model does not support EAGLE3 interface"). On 0.20/0.21 vLLM's SpeculativeConfig
-also refuses the model type by name (`lfm2` is not in its list), before any class is looked at:
-the patch starts at 0.22, where that list is gone.
+also refuses the model type by name (not in its list): extraction-model-type-list
+(eagle3_model_types.py) lets it through.
 How: `Lfm2Model.forward` is replaced by ours (eagle3_aux.py says why it is a plain function) and
 `Lfm2ForCausalLM` by a subclass with `SupportsEagle3`. Its layers keep a separate residual (fused
 add-RMSNorm), so id i is `hidden + residual` after layer i-1, id 0 a copy of the embeddings (the
@@ -26,7 +26,7 @@ lfm2_forward = residual_forward("Lfm2Model", "embedding_norm")
 PATCH = Patch(
     id="lfm2-eagle3",
     project="vllm",
-    versions=">=0.22",
+    versions=">=0.20",
     fixed_upstream="none yet",
     why=__doc__ or "",
     targets=(
@@ -34,7 +34,7 @@ PATCH = Patch(
             MODULE,
             "Lfm2Model.forward",
             replacing(lfm2_forward),
-            ("f096226babbc353d",),  # 0.22.0-0.33.0
+            ("f096226babbc353d",),  # 0.20.0-0.33.0
             replaces=True,
         ),
         Target(
@@ -42,7 +42,7 @@ PATCH = Patch(
             "Lfm2ForCausalLM",
             eagle3_class,
             (
-                "e2c1fa3442d7eb71",  # 0.22.0-0.24.0
+                "e2c1fa3442d7eb71",  # 0.20.0-0.24.0
                 "8385554ac9c0d44e",  # 0.25.0-0.28.0
                 "ebb4267905968a09",  # 0.29.0-0.31.0
                 "76a0391e239d6fd4",  # 0.32.0-0.33.0

@@ -4,8 +4,8 @@ Why: vLLM's `Zamba2ForCausalLM` (`zamba2`: Mamba-2 layers, some of them "hybrid"
 first run one of a few shared attention + MLP blocks on [stream, embeddings] and add its
 projected output into their Mamba input; Zyphra's Zamba2) has no `SupportsEagle3` in any release
 0.20.0-0.33.0, so `extract_hidden_states` fails after loading the weights ("Model does not
-support EAGLE3 interface"). On 0.20/0.21 vLLM's SpeculativeConfig also refuses the model type
-by name (`zamba2` is not in its list): the patch starts at 0.22, where that list is gone.
+support EAGLE3 interface"). On 0.20/0.21 vLLM's SpeculativeConfig also refuses the model type by
+name (not in its list): extraction-model-type-list (eagle3_model_types.py) lets it through.
 How: `Zamba2Model.forward` is replaced by ours (eagle3_aux.py says why it is a plain function)
 and `Zamba2ForCausalLM` by a subclass with `SupportsEagle3`. Each entry of `Zamba2Model.layers`
 (one per `layers_block_type` entry: a Mamba layer, or a hybrid layer whose shared block feeds
@@ -53,7 +53,7 @@ def zamba2_forward(
 PATCH = Patch(
     id="zamba2-eagle3",
     project="vllm",
-    versions=">=0.22",
+    versions=">=0.20",
     fixed_upstream="none yet",
     why=__doc__ or "",
     targets=(
@@ -61,7 +61,7 @@ PATCH = Patch(
             MODULE,
             "Zamba2Model.forward",
             replacing(zamba2_forward),
-            ("1faff73408f19828",),  # 0.22.0-0.33.0
+            ("1faff73408f19828",),  # 0.20.0-0.33.0
             replaces=True,
         ),
         Target(
@@ -69,7 +69,7 @@ PATCH = Patch(
             "Zamba2ForCausalLM",
             eagle3_class,
             (
-                "9086260a9b7de733",  # 0.22.0-0.24.0
+                "9086260a9b7de733",  # 0.20.0-0.24.0
                 "f1b215c603ac1374",  # 0.25.0-0.31.0
                 "517a6026ac117442",  # 0.32.0
                 "05d317db50b85ac8",  # 0.33.0

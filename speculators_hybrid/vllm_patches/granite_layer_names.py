@@ -1,7 +1,7 @@
 """Granite 4.0-H's layer types under the names transformers >= 5.13 gives them.
 
 Why: transformers 5.13 renamed `GraniteMoeHybridConfig`'s layer types: a config.json's `mamba`
-and `attention` load as `linear_attention` and `full_attention`. vLLM 0.22.0-0.25.1's
+and `attention` load as `linear_attention` and `full_attention`. vLLM 0.20.0-0.25.1's
 `GraniteMoeHybridModel` looks each layer's class up in `ALL_DECODER_LAYER_TYPES`, which has the
 old names only, so no Granite 4.0-H model builds (`KeyError: 'linear_attention'`); vLLM 0.25.0
 asks only for transformers >= 5.5.3, so a fresh install gets a renaming one.
@@ -38,7 +38,7 @@ def both_names(original: dict[str, Any]) -> LayerTypes:
 PATCH = Patch(
     id="granite-layer-type-names",
     project="vllm",
-    versions=">=0.22,<0.26",
+    versions=">=0.20,<0.26",
     fixed_upstream="vLLM 0.26.0 (the layer-type map knows both names)",
     why=__doc__ or "",
     targets=(
@@ -46,7 +46,7 @@ PATCH = Patch(
             MODULE,
             "ALL_DECODER_LAYER_TYPES",
             both_names,
-            ("776d9cd109d240e0",),  # 0.22.0-0.25.1
+            ("776d9cd109d240e0",),  # 0.20.0-0.25.1
             replaces=True,
         ),
     ),

@@ -26,7 +26,8 @@ from speculators_hybrid.vllm_patches.mamba_all_mode import PATCH as ALL_MODE
 
 RELEASE = base_version(installed("vllm") or "0")
 pytestmark = pytest.mark.skipif(
-    RELEASE not in SpecifierSet(">=0.22"), reason="the families extract from vLLM 0.22"
+    RELEASE not in SpecifierSet(">=0.22"),
+    reason="vLLM < 0.22: no assertion to avoid (Nemotron-H matched with caching on 0.20.1's GPU)",
 )
 
 

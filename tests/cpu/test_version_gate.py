@@ -16,7 +16,7 @@ READ_SLOTS = "hidden-states-read-slots"  # 0.24.x only
 RUNNER_V1 = "hybrid-extraction-on-model-runner-v1"  # 0.29+ pick Model Runner V2
 WHOLE = "hidden-states-whole-prompts-only"  # 0.24+ save at request_finished
 CHUNKS = "hidden-states-chunked-prompts"  # 0.22-0.23: our connector where the stock one refuses
-NAMES = "granite-layer-type-names"  # 0.22-0.25: 0.26 maps transformers >= 5.13's layer types
+NAMES = "granite-layer-type-names"  # 0.20-0.25: 0.26 maps transformers >= 5.13's layer types
 BEFORE_022 = {
     TEXT_ONLY,
     "keep-hma-for-extraction",
@@ -26,6 +26,8 @@ BEFORE_022 = {
     OWN_PAGE,
     "nemotron_h-eagle3",  # vLLM 0.22 adds SupportsEagle3 to NemotronH
     "hidden-states-wide-group",  # the default with prefix caching off
+    "extraction-model-type-list",  # 0.20/0.21 refuse the families by their model type's name
+    NAMES,
 }
 NO_CACHING = "no-prefix-caching-for-hybrid-extraction"  # 0.22-0.23, chunked prefill off
 ALL_MODE = "no-prefix-caching-for-mamba-all-mode"  # 0.22-0.31
@@ -34,12 +36,6 @@ FROM_022 = {
     "hidden-block-divides-engine-block",
     "hidden-states-safe-file-names",
     OWN_PAGE,
-    "granitemoehybrid-eagle3",  # 0.20/0.21 refuse the model type by name
-    "falcon_h1-eagle3",  # likewise
-    "lfm2-eagle3",  # likewise
-    "jamba-eagle3",  # likewise
-    "lfm2_moe-eagle3",  # likewise
-    "zamba2-eagle3",  # likewise
 }
 
 # vLLM release -> the patches it needs (the table README.md shows).
@@ -70,6 +66,14 @@ NEEDED = {
 }
 # Needed on every release in the table (no upstream fix yet).
 EVERY_RELEASE = {"check-extraction-input", "layer-zero-is-embeddings", "prefill-only-extraction"}
+EVERY_RELEASE |= {  # EAGLE-3 auxiliary hidden states for the hybrid families vLLM leaves out
+    "granitemoehybrid-eagle3",
+    "falcon_h1-eagle3",
+    "lfm2-eagle3",
+    "jamba-eagle3",
+    "lfm2_moe-eagle3",
+    "zamba2-eagle3",
+}
 NEEDED = {release: needed | EVERY_RELEASE for release, needed in NEEDED.items()}
 # vLLM's connector makes each request's lock in wait_for_save from 0.24 (no upstream fix yet)
 FAULTS = "hidden-states-folder-faults"

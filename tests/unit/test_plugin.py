@@ -40,6 +40,12 @@ EVERY = {
     "hidden-states-own-page-size",
     "qwen3_5-text-only-models",
     "prefill-only-extraction",  # opt-in (SPECULATORS_HYBRID_PREFILL_ONLY)
+    "granitemoehybrid-eagle3",  # EAGLE-3 aux hidden states for the families vLLM leaves out
+    "falcon_h1-eagle3",
+    "lfm2-eagle3",
+    "jamba-eagle3",
+    "lfm2_moe-eagle3",
+    "zamba2-eagle3",
 }
 BEFORE_022 = {
     "keep-hma-for-extraction",
@@ -48,19 +54,15 @@ BEFORE_022 = {
     "files-whole-when-generate-returns",  # our connector writes off the step
     "nemotron_h-eagle3",  # vLLM 0.22 adds SupportsEagle3 to NemotronH
     "hidden-states-wide-group",  # the default with prefix caching off
+    "extraction-model-type-list",  # 0.20/0.21 refuse the families by their model type's name
+    "granite-layer-type-names",
 }
 FROM_022 = {
     "hidden-block-divides-engine-block",
     "hidden-states-provenance",
     "hidden-states-safe-file-names",
-    "granitemoehybrid-eagle3",  # 0.20/0.21 refuse the model type by name
-    "falcon_h1-eagle3",  # likewise
-    "lfm2-eagle3",  # likewise
-    "jamba-eagle3",  # likewise
-    "lfm2_moe-eagle3",  # likewise
-    "zamba2-eagle3",  # likewise
 }
-NAMES = {"granite-layer-type-names"}  # vLLM 0.22-0.25: transformers >= 5.13's layer types
+NAMES = {"granite-layer-type-names"}  # vLLM 0.20-0.25: transformers >= 5.13's layer types
 ALL_MODE = {"no-prefix-caching-for-mamba-all-mode"}  # 0.22-0.31: the engine core would stop
 HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
 RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2
