@@ -40,10 +40,8 @@ def refused_by_name(config: Any, exc: ValueError) -> bool:
 
 def follow_class_attribute(cls: type, name: str, holders: tuple[str, ...]) -> None:
     """Make pydantic's validator `name` of `cls` call `cls.<name>` as it is at call time, in
-    `cls` and in the classes named in `holders` ("module:Class", rebuilt if already imported:
+    `cls` and in the classes named in `holders` ("module:Class", rebuilt if already made:
     pydantic copies a field's schema, validator included, into the class that holds it)."""
-    import importlib
-
     from pydantic.dataclasses import rebuild_dataclass
 
     validator = cls.__pydantic_decorators__.model_validators[name]  # type: ignore[attr-defined]
@@ -58,8 +56,10 @@ def follow_class_attribute(cls: type, name: str, holders: tuple[str, ...]) -> No
     rebuild_dataclass(cls, force=True)  # type: ignore[arg-type]
     for holder in holders:
         module, _, attr = holder.partition(":")
-        if module in sys.modules:
-            rebuild_dataclass(getattr(importlib.import_module(module), attr), force=True)
+        # not imported, or its class not made yet: it will copy the schema rebuilt above
+        built = getattr(sys.modules.get(module), attr, None)
+        if built is not None:
+            rebuild_dataclass(built, force=True)
 
 
 def accepting(original: Any) -> Any:
