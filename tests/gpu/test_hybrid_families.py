@@ -10,10 +10,11 @@ in a fresh process, every file checked against the contract and verified per tok
 against a float32 transformers forward within verify's calibrated margin. Ids (0, 1, 3, 4) cover
 the embeddings, the first layer, an attention layer's output and n. The EAGLE-3 states come from
 nemotron_h-eagle3 (vLLM < 0.22; vLLM's own class from 0.22) and granitemoehybrid-eagle3,
-falcon_h1-eagle3, lfm2-eagle3, lfm2_moe-eagle3, jamba-eagle3, zamba2-eagle3 (vLLM >= 0.22:
-0.20/0.21 refuse those model types by name); Qwen3-Next's from vLLM's own class (>= 0.24). On
-vLLM 0.22-0.25 Granite builds with granite-layer-type-names (their GraniteMoeHybridModel knows
-only the layer type names transformers < 5.13 gives). With prefix caching on, vLLM keeps the
+falcon_h1-eagle3, lfm2-eagle3, lfm2_moe-eagle3, jamba-eagle3, zamba2-eagle3 (every release; on
+0.20/0.21 with extraction-model-type-list, as those releases refuse the model types by name);
+Qwen3-Next's from vLLM's own class (>= 0.24). On vLLM 0.20-0.25 Granite builds with
+granite-layer-type-names (their GraniteMoeHybridModel knows only the layer type names
+transformers < 5.13 gives). With prefix caching on, vLLM keeps the
 Mamba / short-conv states per block ('align' mode, 'all' where the class supports it) and the
 second batch of prompt_batches() must hit the cache, unless the plugin logs that it turned
 caching off (no-prefix-caching-for-mamba-all-mode: vLLM's 'all' Mamba cache mode, where
