@@ -32,6 +32,7 @@ load_general_plugins()  # vLLM's own loader, once per process: our entry point a
 from speculators_hybrid import planning  # noqa: E402
 from speculators_hybrid.launcher.adjust import STOCK_REFUSES_CHUNKED  # noqa: E402
 from speculators_hybrid.models import write_config  # noqa: E402
+from speculators_hybrid.planning import engine_scheduler, model_output  # noqa: E402, F401
 from speculators_hybrid.plugin import PATCHER, vllm_patches  # noqa: E402
 from speculators_hybrid.registry import base_version  # noqa: E402
 
@@ -162,66 +163,6 @@ def engine_config(
     set_shim(shim_on)
     config.parallel_config.tensor_parallel_size = tp
     return config
-
-
-def engine_scheduler(config, kv_cache_config):
-    """The scheduler and request maker the engine core builds for this plan (vLLM's classes)."""
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core import kv_cache_utils
-    from vllm.v1.core.kv_cache_utils import (
-        generate_scheduler_kv_cache_config,
-        get_request_block_hasher,
-        init_none_hash,
-        resolve_kv_cache_block_sizes,
-    )
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    kv = generate_scheduler_kv_cache_config([kv_cache_config])
-    # What EngineCore._initialize_kv_caches does next, in vLLM 0.20.1-0.33.0:
-    config.cache_config.num_gpu_blocks = kv.num_blocks
-    # (a vLLM patched by patches/vllm picks it with its `engine_block_size`)
-    pick = getattr(kv_cache_utils, "engine_block_size", None)
-    groups = kv.kv_cache_groups
-    config.cache_config.block_size = (
-        pick(groups) if pick else min(g.kv_cache_spec.block_size for g in groups)
-    )
-    config.validate_block_size()
-    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv, config)
-    scheduler = Scheduler(
-        vllm_config=config,
-        kv_cache_config=kv,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=block_size,
-        hash_block_size=hash_block_size,
-    )
-    hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
-    init_none_hash(hash_fn)
-    hasher = get_request_block_hasher(hash_block_size, hash_fn)
-
-    def request(req_id: str, prompt: list[int]):
-        from vllm import SamplingParams
-        from vllm.v1.request import Request
-
-        params = SamplingParams(max_tokens=1)
-        params.update_from_generation_config({}, None)
-        return Request(req_id, prompt, params, None, block_hasher=hasher)
-
-    return scheduler, request
-
-
-def model_output(scheduler_output, sampled: dict[str, int], saved: frozenset[str] = frozenset()):
-    """What the model runner returns for a step: a token for each request whose prompt is done,
-    and the finished requests whose connector save completed (their blocks may then be freed)."""
-    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-
-    ids = list(scheduler_output.num_scheduled_tokens)
-    return ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in ids],
-        kv_connector_output=KVConnectorOutput(finished_sending=set(saved)) if saved else None,
-    )
 
 
 LAYOUT = "VLLM_SSM_CONV_STATE_LAYOUT"  # set for the process by vLLM's CPU platform on some hosts
