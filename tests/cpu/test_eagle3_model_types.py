@@ -8,11 +8,10 @@ Every config here is vLLM's own EngineArgs -> VllmConfig on the CPU (test_extrac
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from conftest import needs, set_shim
-from test_eagle3_families import FAMILIES
+from test_eagle3_families import FAMILIES, _forget_classes
+from test_eagle3_families import _dir as _model
 from test_extraction_input import build
 
 from speculators_hybrid.vllm_patches.eagle3_model_types import MODEL_TYPES, REFUSAL
@@ -20,18 +19,6 @@ from speculators_hybrid.vllm_patches.eagle3_model_types import MODEL_TYPES, REFU
 pytestmark = needs("extraction-model-type-list")
 IDS = (1, 2, 4)
 ONE_EACH = [f for f in FAMILIES if f in MODEL_TYPES]
-
-
-def _forget_classes() -> None:
-    from vllm.model_executor.models import registry
-
-    registry._try_load_model_cls.cache_clear()
-    registry._try_inspect_model_cls.cache_clear()
-
-
-def _model(tmp_path, family: str) -> str:
-    (tmp_path / "config.json").write_text(json.dumps(FAMILIES[family][1]))
-    return str(tmp_path)
 
 
 def test_the_six_families_are_the_ones_the_patch_serves():
