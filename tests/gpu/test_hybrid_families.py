@@ -25,7 +25,9 @@ prompts vLLM's worst 0.9827 sits among the floors' 0.974-0.989). Not a routing f
 checkpoint and prompts rebuilt on the CPU give the same floors, and forcing token 3 of the
 7-token prompt to its third expert in the float32 model, at any of layers 0-2, drops it to
 0.9883-0.9939 at id 3, where vLLM's file has 0.99956; the deviation is continuous, ~30x
-transformers' bf16 error there. Cause not found.
+transformers' bf16 error there. Cause not found. Seen on an H200 (vLLM 0.20.1, 2026-12-03):
+every family the table allows there (all but Qwen3-Next), prefix caching off and on, within the
+floor (tests/gpu/results/vllm-0.20.1-h200-2026-12-03-families.json).
 Skipped without a GPU, and where families.py says the installed vLLM refuses the family. Run:
 `pytest tests/gpu/test_hybrid_families.py -s` on vLLM 0.20.1 and 0.25.0.
 """
