@@ -277,7 +277,7 @@ def keeps_spare_state_blocks(specs: dict[str, Any] | None) -> bool:
 
 
 def prefill_only_plan(setup: planning.Setup, memory: int, target: int) -> dict[str, Any]:
-    """The shim plan as `launch --prefill-only` runs it: no spare state block per request."""
+    """The shim plan as `launch` runs it (prefill-only): no spare state block per request."""
     from speculators_hybrid.vllm_patches.prefill_only import ENV
 
     with patch.dict(os.environ, {ENV: "1"}):
@@ -372,7 +372,8 @@ def verdict(out: dict[str, Any]) -> str:
     )
     lean = out.get("prefill_only") or {}
     hint = (
-        f"; with --prefill-only {size(lean['request_bytes'])} ({lean['ratio_to_target']:.2f}x)"
+        f"; as `launch` runs it (prefill-only) {size(lean['request_bytes'])} "
+        f"({lean['ratio_to_target']:.2f}x)"
         if lean.get("ratio_to_target") and ratio and ratio > TARGET >= lean["ratio_to_target"]
         else ""
     )
@@ -465,8 +466,9 @@ def prefill_only_lines(out: dict[str, Any]) -> list[str]:
     ratio = f" ({p['ratio_to_target']:.2f}x target)" if p["ratio_to_target"] else ""
     return [
         "",
-        "== the same with `launch --prefill-only` (every request max_tokens=1, as speculators'",
-        "   data generation sends): the state layers keep no spare speculative block per request",
+        "== the same as `launch` runs it (prefill-only, its default for hybrid targets: every",
+        "   request max_tokens=1, as speculators' clients send; `--allow-decode` keeps the plan",
+        "   above): the state layers keep no spare speculative block per request",
         f"   one max-length request needs {size(p['request_bytes'])}{ratio}; KV capacity "
         f"{p['capacity_tokens']:,} tokens",
     ]

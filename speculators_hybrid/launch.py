@@ -1,10 +1,14 @@
-"""`speculators-hybrid launch [--launcher PATH] [--prefill-only] MODEL [options] [-- vLLM args]`.
+"""`speculators-hybrid launch [--launcher PATH] [--allow-decode] MODEL [options] [-- vLLM args]`.
 
 Runs speculators' `scripts/launch_vllm.py` (with `--launcher`, any release, unchanged) or a
 built-in launcher with the main-branch CLI, takes the `vllm serve` command it would exec,
 adjusts it for hybrid targets (plugin allow-listed, forced `--no-enable-chunked-prefill` dropped,
 layer ids checked, `--language-model-only` for multimodal checkpoints), prints it and execs it
 in this process (same PID). Other targets get exactly the launcher's command.
+
+A hybrid target's server extracts prompts only by default (`prefill-only-extraction`: every
+speculators client sends `max_tokens=1`, so the state layers keep no spare block per request);
+`--allow-decode` serves requests that decode, at that block's cost in KV capacity.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from speculators_hybrid.vllm_patches.prefill_only import ENV as PREFILL_ENV
 PROG = "speculators-hybrid launch"
 DRY_RUN = "--dry-run"
 DRY_RUN_BANNER = "Would run (--dry-run, nothing started):"
-PREFILL_ONLY = "--prefill-only"
+PREFILL_ONLY = "--prefill-only"  # the default for hybrid targets; still accepted
+ALLOW_DECODE = "--allow-decode"
+MODE_FLAGS = (PREFILL_ONLY, ALLOW_DECODE)
 
 
 def log(message: str) -> None:
@@ -33,7 +39,7 @@ def split_args(argv: list[str]) -> tuple[str | None, bool, list[str]]:
     """(--launcher PATH, --dry-run, the rest); only what comes before the first `--` is ours.
 
     --dry-run is taken here (also abbreviated, as argparse would) so a launcher always reaches
-    its exec, which we catch. --prefill-only stays in the rest for `prefill_only`."""
+    its exec, which we catch. The serving-mode flags are taken before, by `mode_flags`."""
     launcher, dry_run, rest = None, False, []
     i = 0
     while i < len(argv):
@@ -56,16 +62,37 @@ def split_args(argv: list[str]) -> tuple[str | None, bool, list[str]]:
     return launcher, dry_run, rest
 
 
-def prefill_only(argv: list[str]) -> tuple[bool, list[str]]:
-    """(--prefill-only given before `--`, ARGV without it)."""
+def mode_flags(argv: list[str]) -> tuple[set[str], list[str]]:
+    """(--prefill-only / --allow-decode given before `--`, ARGV without them)."""
     cut = argv.index("--") if "--" in argv else len(argv)
-    ours = [a for a in argv[:cut] if a != PREFILL_ONLY]
-    return len(ours) < cut, ours + argv[cut:]
+    given = {a for a in argv[:cut] if a in MODE_FLAGS}
+    return given, [a for a in argv[:cut] if a not in MODE_FLAGS] + argv[cut:]
+
+
+def serving_mode(given: set[str], hybrid: bool) -> tuple[str | None, str]:
+    """(the value of SPECULATORS_HYBRID_PREFILL_ONLY for vLLM, None to leave the environment as
+    it is; what to log)."""
+    if given == set(MODE_FLAGS):
+        raise LaunchError(f"{PREFILL_ONLY} and {ALLOW_DECODE} contradict each other: give one")
+    decode = "requests that decode are served; each state layer keeps a spare block per request"
+    if ALLOW_DECODE in given:
+        return "0", f"{decode} ({ALLOW_DECODE}: less KV capacity)"
+    lean = "no spare state block per request (more KV capacity); requests must have max_tokens=1"
+    if PREFILL_ONLY in given:
+        return "1", f"prefill-only extraction ({PREFILL_ONLY}): {lean}"
+    if not hybrid:
+        return None, ""
+    if PREFILL_ENV in os.environ:
+        return None, f"{PREFILL_ENV}={os.environ[PREFILL_ENV]!r} kept from the environment"
+    return "1", (
+        f"prefill-only extraction, the default for hybrid targets (speculators' clients send "
+        f"max_tokens=1): {lean}; {ALLOW_DECODE} serves others"
+    )
 
 
 def plan(argv: list[str]) -> tuple[Command, bool]:
     """The final command for `launch ARGV`, and whether this is a dry run."""
-    prefill, argv = prefill_only(argv)
+    given, argv = mode_flags(argv)
     launcher, dry_run, rest = split_args(argv)
     notes: list[str] = []  # about the ids, said once the command is accepted
     if launcher is not None:
@@ -80,12 +107,11 @@ def plan(argv: list[str]) -> tuple[Command, bool]:
     cmd = adjust.for_target(cmd, tgt, rest, installed("vllm"), log)
     for note in notes:
         log(note)
-    if prefill:
-        cmd.env = {**(os.environ if cmd.env is None else cmd.env), PREFILL_ENV: "1"}
-        log(
-            f"prefill-only extraction ({PREFILL_ENV}=1): no spare state block per request "
-            "(more KV capacity); requests must have max_tokens=1"
-        )
+    value, why = serving_mode(given, tgt.hybrid)
+    if value is not None:
+        cmd.env = {**(os.environ if cmd.env is None else cmd.env), PREFILL_ENV: value}
+    if why:
+        log(why)
     return cmd, dry_run
 
 

@@ -70,10 +70,16 @@ def parser(registry: dict[str, Any]) -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     p.add_argument(
+        "--allow-decode",
+        action="store_true",
+        help="serve requests that decode (max_tokens > 1) too; a hybrid target's state layers "
+        "then keep a spare block per request (less KV capacity). Without it a hybrid target's "
+        "server extracts prompts only, as speculators' clients ask (any launcher)",
+    )
+    p.add_argument(
         "--prefill-only",
         action="store_true",
-        help="every request has max_tokens=1 (speculators' data generation): no spare state "
-        "block per request, more KV capacity; other requests are refused (any launcher)",
+        help="refuse requests that decode, on any target (the default for hybrid targets)",
     )
     p.add_argument(
         "--trust-remote-code",

@@ -1,4 +1,4 @@
-"""Prefill-only extraction: no spare state block per request (opt-in, all versions).
+"""Prefill-only extraction: no spare state block per request (`launch`'s default for hybrids).
 
 Why: extraction runs vLLM's speculative decoding with one draft token, so every Mamba / Gated
 DeltaNet layer reserves one more state block per request (`num_speculative_blocks` = 1) to
@@ -6,12 +6,12 @@ verify that token while decoding. speculators' data generation sends `max_tokens
 ends with its prefill and never decodes, so that block is never used, yet vLLM bills it
 (Qwen3.6-27B-like, 20 GiB: 9,984 of 128,129 bytes per token; 167,603 KV tokens, 0.92x of what
 the true bytes allow).
-How: with `SPECULATORS_HYBRID_PREFILL_ONLY=1` (`launch --prefill-only` sets it), while
+How: with `SPECULATORS_HYBRID_PREFILL_ONLY=1` (`launch` sets it for hybrid targets), while
 extracting, the state layers report no speculative block, and the engine refuses, before the
 request reaches the scheduler, any request that would decode (`max_tokens` other than 1):
 without its spare block a decoding request's draft state would land in a block it does not own.
-Off by default: clients that generate (speculators' `include_output_tokens`, `max_tokens` > 1)
-keep working as before.
+`launch --allow-decode`, or vLLM started without `launch` (the variable unset), serves clients
+that generate (vLLM's `include_output_tokens`, `max_tokens` > 1) as before.
 Upstream: none; a mode of this project. Remove when vLLM sizes the spare blocks by need.
 """
 
@@ -46,7 +46,7 @@ def refusal(max_tokens: Any) -> str | None:
         return None
     return (
         f"speculators-hybrid: this server extracts prompts only ({ENV}=1): a request must "
-        f"have max_tokens=1, got {max_tokens}; restart without --prefill-only to generate"
+        f"have max_tokens=1, got {max_tokens}; restart with `launch --allow-decode` to generate"
     )
 
 

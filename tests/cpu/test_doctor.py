@@ -40,11 +40,11 @@ def test_doctor_json_shows_the_memory_target_met(shim, capsys):
     assert kinds["FullAttentionSpec"]["count"] == 16 // width
     assert sum(g["count"] for g in ours["groups"]) == 64 // width + 1
     assert "hidden-states-own-page-size" in ours["patches"]
-    # the GDN layers' spare block is small beside 262,144 tokens: --prefill-only saves little
+    # the GDN layers' spare block is small beside 262,144 tokens: prefill-only saves little
     lean = out["prefill_only"]
     assert lean["ok"] and lean["request_bytes"] < ours["request_bytes"]
     assert lean["capacity_tokens"] > ours["capacity_tokens"]
-    assert "--prefill-only" not in out["verdict"]  # the default already meets the target
+    assert "prefill-only" not in out["verdict"]  # the shim plan already meets the target
 
 
 @pytest.mark.full_tier
@@ -66,4 +66,4 @@ def test_doctor_names_prefill_only_where_the_spare_state_block_misses_the_target
     out = json.loads(text[text.rindex("\n{\n") + 1 :] if not text.startswith("{") else text)
     assert out["ratio_to_target"]["shim"] > 1.05
     assert out["prefill_only"]["ratio_to_target"] <= 1.05
-    assert "with --prefill-only" in out["verdict"]
+    assert "as `launch` runs it (prefill-only)" in out["verdict"]

@@ -1,4 +1,4 @@
-"""prefill-only-extraction (`SPECULATORS_HYBRID_PREFILL_ONLY=1`, `launch --prefill-only`): the
+"""prefill-only-extraction (`SPECULATORS_HYBRID_PREFILL_ONLY=1`, set by `launch` for hybrids): the
 state layers reserve no spare block for a draft token, so the KV capacity is what the true bytes
 allow, and any request that would decode is refused before the scheduler (vLLM's own
 `MambaBase.get_kv_cache_spec` and `InputProcessor._validate_params`, patched)."""
@@ -12,7 +12,7 @@ from speculators_hybrid import planning
 from speculators_hybrid.models import write_config
 from speculators_hybrid.vllm_patches import prefill_only
 
-pytestmark = pytest.mark.shim_only  # an opt-in of the plugin (no diff in patches/vllm)
+pytestmark = pytest.mark.shim_only  # a mode of the plugin (no diff in patches/vllm)
 ENV = prefill_only.ENV
 GIB20 = 20 * 2**30
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import types
 from pathlib import Path
@@ -117,6 +118,7 @@ def test_help_lists_the_launcher_options(capsys):
         "--target-layer-ids",
         "--no-include-last-layer",
         "--dry-run",
+        "--allow-decode",
         "--prefill-only",
         "--trust-remote-code",
     ):
@@ -134,18 +136,42 @@ def test_an_abbreviated_launcher_option_is_refused(targets, capsys):
     assert "write --launcher PATH in full" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("source", ["builtin", "main"])
-def test_prefill_only_reaches_vllm_as_its_switch(source, targets, monkeypatch):
-    """`--prefill-only` (ours, before `--`) sets SPECULATORS_HYBRID_PREFILL_ONLY for vLLM and
-    never reaches a launcher; after `--` it is vLLM's (unknown there: left alone)."""
-    monkeypatch.delenv(launch.PREFILL_ENV, raising=False)
-    argv = ["--prefill-only", str(targets["plain"]), "--port", "1"]
-    if source == "main":
-        argv = ["--launcher", str(GENERATIONS["main"]), *argv]
+def serving_env(argv: list[str]) -> str | None:
     cmd, _ = launch.plan(argv)
-    assert cmd.env is not None and cmd.env[launch.PREFILL_ENV] == "1"
-    assert "--prefill-only" not in cmd.argv
-    plain, _ = launch.plan([a for a in argv if a != "--prefill-only"])
-    assert plain.env is None or launch.PREFILL_ENV not in plain.env
-    after, _ = launch.plan([*argv[:-3], str(targets["plain"]), "--", "--prefill-only"])
-    assert "--prefill-only" in after.argv
+    return (cmd.env or {}).get(launch.PREFILL_ENV)
+
+
+@pytest.mark.parametrize("source", ["builtin", "main"])
+def test_a_hybrid_server_extracts_prompts_only_unless_told(source, targets, monkeypatch, capsys):
+    """SPECULATORS_HYBRID_PREFILL_ONLY for vLLM: 1 for a hybrid target by default and with
+    --prefill-only (any target), 0 with --allow-decode; neither flag reaches a launcher, and
+    after `--` they are vLLM's (unknown there: left alone)."""
+    monkeypatch.delenv(launch.PREFILL_ENV, raising=False)
+    first = ["--launcher", str(GENERATIONS["main"])] if source == "main" else []
+    hybrid, plain = str(targets["hybrid-mm"]), str(targets["plain"])
+    assert serving_env([*first, hybrid]) == "1"
+    assert "the default for hybrid targets" in capsys.readouterr().err
+    assert serving_env([*first, "--allow-decode", hybrid]) == "0"
+    assert "requests that decode are served" in capsys.readouterr().err
+    assert serving_env([*first, plain]) is None  # a dense target's command as it was
+    assert serving_env([*first, "--prefill-only", plain, "--port", "1"]) == "1"
+    for flag in ("--allow-decode", "--prefill-only"):
+        cmd, _ = launch.plan([*first, flag, hybrid])
+        assert not {"--prefill-only", "--allow-decode"} & set(cmd.argv)
+    after, _ = launch.plan([*first, plain, "--", "--prefill-only", "--allow-decode"])
+    assert after.argv[-2:] == ["--prefill-only", "--allow-decode"]
+    assert (after.env or {}).get(launch.PREFILL_ENV) is None
+
+
+def test_the_two_serving_modes_together_are_refused(targets, capsys):
+    argv = ["--prefill-only", "--allow-decode", str(targets["hybrid-mm"]), "--dry-run"]
+    assert launch.main(argv) == 2
+    assert "--prefill-only and --allow-decode contradict each other" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_the_users_own_switch_is_kept(value, targets, monkeypatch, capsys):
+    monkeypatch.setenv(launch.PREFILL_ENV, value)
+    cmd, _ = launch.plan([str(targets["hybrid-mm"])])
+    assert (cmd.env or dict(os.environ))[launch.PREFILL_ENV] == value
+    assert "kept from the environment" in capsys.readouterr().err

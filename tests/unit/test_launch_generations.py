@@ -25,6 +25,11 @@ def with_launcher(source: str, args: list[str]) -> list[str]:
     return args if source == "builtin" else ["--launcher", str(GENERATIONS[source]), *args]
 
 
+def added(cmd) -> dict[str, str]:
+    """The environment `launch` sets for vLLM beyond its own."""
+    return {k: v for k, v in (cmd.env or {}).items() if os.environ.get(k) != v}
+
+
 def stock(source: str, model: Path, ids: list[int], extra: tuple[str, ...] = ()) -> list[str]:
     """What the stock launcher of `source` execs, written out from the contract."""
     spec = {
@@ -54,6 +59,7 @@ def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     monkeypatch.delenv("SPECULATORS_HYBRID_DISABLE", raising=False)
+    monkeypatch.delenv(launch.PREFILL_ENV, raising=False)
     vllm("0.33.0", monkeypatch)  # the same answers whichever vLLM this env has
 
 
@@ -85,7 +91,8 @@ def test_hybrid_text_target(source, targets, capsys):
     model = targets["hybrid-text"]
     cmd, _ = launch.plan(with_launcher(source, [str(model), "--", "--enforce-eager"]))
     assert cmd.argv == stock("main", model, [2, 4, 5, 8], ["--enforce-eager"])
-    assert "--language-model-only" not in cmd.argv and cmd.env is None
+    assert "--language-model-only" not in cmd.argv
+    assert added(cmd) == {launch.PREFILL_ENV: "1"}  # prefill-only: a hybrid's default
     err = capsys.readouterr().err
     assert ("removed --no-enable-chunked-prefill" in err) == (source in FORCES_NO_CHUNKED)
 
@@ -121,7 +128,7 @@ def test_plugin_allow_list_includes_ours(source, plugins, expected, targets, mon
     if plugins is not None:
         monkeypatch.setenv("VLLM_PLUGINS", plugins)
     cmd, _ = launch.plan(with_launcher(source, [str(targets["hybrid-text"])]))
-    assert (cmd.env or {}).get("VLLM_PLUGINS") == expected
+    assert added(cmd).get("VLLM_PLUGINS") == expected
 
 
 @pytest.mark.parametrize("source", SOURCES)

@@ -39,7 +39,7 @@ EVERY = {
     "layer-zero-is-embeddings",
     "hidden-states-own-page-size",
     "qwen3_5-text-only-models",
-    "prefill-only-extraction",  # opt-in (SPECULATORS_HYBRID_PREFILL_ONLY)
+    "prefill-only-extraction",  # a mode: SPECULATORS_HYBRID_PREFILL_ONLY (launch sets it)
     "granitemoehybrid-eagle3",  # EAGLE-3 aux hidden states for the families vLLM leaves out
     "falcon_h1-eagle3",
     "lfm2-eagle3",

@@ -63,7 +63,7 @@ def _outcomes(report: Path) -> dict[str, set[str]]:
 NO_DIFF = {
     "hidden-states-provenance": "shim-only: a vLLM label cannot name the fixes `check` reads",
     "files-whole-when-generate-returns": "shim-only: waits for our connector's off-step writes",
-    "prefill-only-extraction": "shim-only: an opt-in mode of this project, not a vLLM fix",
+    "prefill-only-extraction": "shim-only: a mode of this project (launch sets it), not a vLLM fix",
     "hidden-states-wide-group": "shim-only: a layout of our connector's hidden-state group",
 }
 
