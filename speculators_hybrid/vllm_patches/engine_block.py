@@ -14,19 +14,23 @@ Upstream: no fix yet.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
 from speculators_hybrid.vllm_patches.own_page import GROUPS_PRINTS
 
-# id(CacheConfig) -> the engine block size without the hidden-state group, per process.
+# id(CacheConfig) -> the engine block size without the hidden-state group, per process; an
+# entry goes with its CacheConfig (a later config may get the same id).
 ENGINE_BLOCK: dict[int, int] = {}
 
 
 def remember_engine_block(vllm_config: Any, model_groups: list[Any]) -> None:
-    ENGINE_BLOCK[id(vllm_config.cache_config)] = min(
-        g.kv_cache_spec.block_size for g in model_groups
-    )
+    cache = vllm_config.cache_config
+    key = id(cache)
+    if key not in ENGINE_BLOCK:
+        weakref.finalize(cache, ENGINE_BLOCK.pop, key, None)
+    ENGINE_BLOCK[key] = min(g.kv_cache_spec.block_size for g in model_groups)
 
 
 def restore_engine_block(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

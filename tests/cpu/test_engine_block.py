@@ -64,3 +64,22 @@ def test_with_shim_the_engine_keeps_the_models_block_size(shim, tp):
     scheduler.add_request(request("r", list(range(1, 3 * model_block + 7))))
     out = scheduler.schedule()
     assert out.num_scheduled_tokens["r"] > 0
+
+
+def test_the_engine_block_is_forgotten_with_its_config(shim):
+    """The engine block is remembered per CacheConfig by id: a config planned and then dropped
+    leaves nothing a later config at the same address would take for its own (CI on 776dd20:
+    a plain plan's scheduler aligned Mamba prefill to another model's block)."""
+    import gc
+
+    from speculators_hybrid.vllm_patches.engine_block import ENGINE_BLOCK
+
+    config = engine_config(prefix_caching=True, max_model_len=8192)
+    kv = planning.plan(config, planning.layer_specs(config), MEMORY)
+    key = id(config.cache_config)
+    assert ENGINE_BLOCK[key] == min(
+        g.kv_cache_spec.block_size for g in kv.kv_cache_groups if g not in _hidden(kv)
+    )
+    del config, kv
+    gc.collect()
+    assert key not in ENGINE_BLOCK
