@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -300,6 +301,9 @@ def quiet_vllm(verbose: bool) -> None:
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "CRITICAL")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        # vLLM 0.33 on a CPU torch: "Triton not available, find_triton_kernels = []" (torch
+        # resets its own top logger when imported; this one it leaves as set)
+        logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
 
 
 def run(
