@@ -47,6 +47,7 @@ from speculators_hybrid.vllm_patches.writer import (
     clear_failure,
     report_failure,
     take_failure,
+    writer_threads,
 )
 
 if TYPE_CHECKING:
@@ -167,7 +168,8 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         self._guard = guard_enabled(self._kv_transfer_config.get_from_extra_config)
         self._writer: FileWriter | None = None  # None: files written inside the step
         if async_enabled(self._kv_transfer_config.get_from_extra_config) and not self._guard:
-            self._writer = FileWriter()
+            extra = self._kv_transfer_config.get_from_extra_config
+            self._writer = FileWriter(writer_threads(extra))
         self._layer: str | None = None
         self._slices: list[torch.Tensor] | None = None  # the W caches (wide group), in order
         self._group = -1

@@ -10,7 +10,8 @@ llm_wait.py) sees a whole file or none. speculators 0.5.0 reads without waiting,
 `speculators-hybrid launch` turns these writes off where it is installed; by hand:
 `kv_connector_extra_config["async_writes"] = false` or `SPECULATORS_HYBRID_ASYNC_WRITES=0`.
 The opt-in guard against bad rows keeps the in-step write (its verdict must be known before
-the request finishes).
+the request finishes). Threads: 8, or `kv_connector_extra_config["num_writer_threads"]` (vLLM
+>= 0.22's key for its own writer) or `SPECULATORS_HYBRID_WRITER_THREADS`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ logger = logging.getLogger("vllm.speculators_hybrid")
 
 ASYNC_ENV = "SPECULATORS_HYBRID_ASYNC_WRITES"
 ASYNC_KEY = "async_writes"  # in kv_connector_extra_config
+THREADS_ENV = "SPECULATORS_HYBRID_WRITER_THREADS"
+THREADS_KEY = "num_writer_threads"  # in kv_connector_extra_config (vLLM >= 0.22's own key)
+THREADS = 8  # as vLLM >= 0.22's writer: the last step's files are written side by side
 
 
 def async_enabled(extra_config: Any) -> bool:
@@ -42,10 +46,25 @@ def async_enabled(extra_config: Any) -> bool:
     return str(extra_config(ASYNC_KEY, True)).strip().lower() not in switches.OFF
 
 
+def writer_threads(extra_config: Any) -> int:
+    """Writer threads: the variable, else `num_writer_threads` in the extra config, else 8."""
+    raw = os.environ.get(THREADS_ENV) or extra_config(THREADS_KEY, THREADS)
+    try:
+        threads = int(raw)
+    except (TypeError, ValueError):
+        threads = 0
+    if threads < 1:
+        raise ValueError(
+            f"{THREADS_ENV} / kv_connector_extra_config['{THREADS_KEY}'] must be a whole number "
+            f">= 1, got {raw!r}"
+        )
+    return threads
+
+
 class FileWriter:
     """Writes files from writer threads; at most `max_pending` wait, then `submit` blocks."""
 
-    def __init__(self, threads: int = 4, max_pending: int = 64) -> None:
+    def __init__(self, threads: int = THREADS, max_pending: int = 64) -> None:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="speculators-hybrid-writer")
         self._pending: deque[Future[None]] = deque()
         self._max_pending = max_pending
@@ -111,7 +130,7 @@ def _to_host(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor],
                 tensor.record_stream(stream)
             else:
                 host[key] = tensor
-        ready = torch.cuda.Event()
+        ready = torch.cuda.Event(blocking=True)  # the writer thread sleeps, does not spin
         ready.record(stream)
     return host, ready
 

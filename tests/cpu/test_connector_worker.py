@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -180,6 +181,49 @@ def test_writes_are_off_the_step_by_default(shim, tmp_path, monkeypatch, setting
     connector, _, _ = async_connector(tmp_path, **extra)
     assert (connector._writer is not None) == off_the_step
     connector.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "side_by_side"),
+    [({}, None, writer.THREADS), ({"num_writer_threads": 3}, None, 3), ({}, "2", 2)],
+)
+def test_files_are_written_side_by_side(shim, tmp_path, monkeypatch, extra, env, side_by_side):
+    """As many files are written at once as there are writer threads (8 unless set)."""
+    monkeypatch.delenv(writer.THREADS_ENV, raising=False)
+    if env is not None:
+        monkeypatch.setenv(writer.THREADS_ENV, env)
+    connector, name, cache = async_connector(tmp_path, **extra)
+    release, inside, lock = threading.Event(), [], threading.Lock()
+    real = writer.save_whole
+
+    def held(*args, **kwargs):
+        with lock:
+            inside.append(args[0])
+        assert release.wait(30)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(writer, "save_whole", held)
+    saves = [
+        SaveRequest(f"r{i}", str(tmp_path / f"r{i}.safetensors"), [1, 2], slots_for([i], 16, 2))
+        for i in range(writer.THREADS + 2)
+    ]
+    connector.bind_connector_metadata(HiddenStatesMetadata(saves))
+    connector.save_kv_layer(name, cache, None)
+    deadline = time.monotonic() + 30
+    while len(inside) < side_by_side and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # time for one more thread to come in, if there were one
+    assert len(inside) == side_by_side
+    release.set()
+    connector.shutdown()
+    assert all(os.path.exists(save.path) for save in saves)
+
+
+@pytest.mark.parametrize("bad", ["0", "many", "-1"])
+def test_a_bad_writer_thread_count_is_refused(shim, tmp_path, monkeypatch, bad):
+    monkeypatch.setenv(writer.THREADS_ENV, bad)
+    with pytest.raises(ValueError, match=f"whole number >= 1, got '{bad}'"):
+        async_connector(tmp_path)
 
 
 def test_a_write_that_cannot_be_queued_releases_its_lock(tmp_path):
