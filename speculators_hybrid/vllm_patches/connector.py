@@ -64,29 +64,49 @@ def slots_for(block_ids: list[int], block_size: int, num_tokens: int) -> torch.T
     return blocks * block_size + positions % block_size
 
 
+def whole_blocks(slots: torch.Tensor, block_size: int) -> torch.Tensor | None:
+    """The blocks holding `slots`, in order, when the slots fill them from their first slot on
+    (a request's tokens, as `slots_for` maps them); None for any other slots."""
+    n = slots.numel()
+    if n == 0 or slots.is_cuda:
+        return None
+    blocks = slots[::block_size] // block_size
+    offsets = torch.arange(n, dtype=slots.dtype) % block_size
+    if not torch.equal(blocks.repeat_interleave(block_size)[:n] * block_size + offsets, slots):
+        return None
+    return blocks
+
+
+def _to_device(index: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """From pinned memory without blocking: a plain `.to(device)` of a CPU tensor waits for
+    everything the stream has queued (the whole forward so far), which stalls the host inside
+    the step and undoes vLLM's overlap of step N+1's scheduling with step N."""
+    if device.type == "cpu" or index.is_cuda:
+        return index
+    return index.pin_memory().to(device, non_blocking=True)
+
+
 def read_slots(kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Rows of a [blocks, block_size, ids, hidden] cache view (page-padded or not).
 
-    The slots go to the GPU from pinned memory without blocking: a plain `.to(device)` of a
-    CPU tensor waits for everything the stream has queued (the whole forward so far), which
-    stalls the host inside the step and undoes vLLM's overlap of step N+1's scheduling with
-    step N.
+    A request's slots fill whole blocks in order, so its rows are read a block at a time (one
+    contiguous copy per block); other slots, a row at a time.
     """
-    if kv_cache.is_cuda and not slots.is_cuda:
-        slots = slots.pin_memory().to(kv_cache.device, non_blocking=True)
-    return kv_cache[block_index(kv_cache, slots)]
+    return read_wide([kv_cache], slots)
 
 
 def read_wide(kv_caches: list[torch.Tensor], slots: torch.Tensor) -> torch.Tensor:
     """The same rows of each of the W caches of `hidden-states-wide-group` (cache j holds
     hidden columns j*h/W:(j+1)*h/W), joined along the last dim: [tokens, ids, h]."""
-    if len(kv_caches) == 1:
-        return read_slots(kv_caches[0], slots)
-    first = kv_caches[0]
-    if first.is_cuda and not slots.is_cuda:  # one host-to-device copy for the W reads
-        slots = slots.pin_memory().to(first.device, non_blocking=True)
-    index = block_index(first, slots)  # every slice has the same blocks and block size
-    return torch.cat([cache[index] for cache in kv_caches], dim=-1)
+    first, n = kv_caches[0], slots.numel()
+    blocks = whole_blocks(slots, first.shape[1])  # every slice has the same blocks and size
+    if blocks is not None:
+        index = _to_device(blocks, first.device)
+        parts = [c.index_select(0, index).flatten(0, 1)[:n] for c in kv_caches]
+    else:
+        rows = block_index(first, _to_device(slots, first.device))
+        parts = [c[rows] for c in kv_caches]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
 def write_file(

@@ -101,3 +101,28 @@ def test_stock_store_cannot_write_a_padded_view(tiny):
     values = torch.ones(4, len(IDS), 256, dtype=view.dtype)
     with pytest.raises(RuntimeError, match="view"):
         basic_cache(values, view, torch.tensor([0, 1, 2, 3]))
+
+
+def test_a_request_is_read_by_block_and_other_slots_by_row():
+    """A request's slots fill its blocks from the first slot on: read a block at a time (one
+    contiguous copy each), the same rows as reading slot by slot, page padding or not."""
+    from speculators_hybrid.vllm_patches.connector import read_wide, whole_blocks
+
+    page = torch.randn(12, 16 * 3 * 8 + 40)  # 40 values of page padding after each block
+    padded = page[:, : 16 * 3 * 8].view(12, 16, 3, 8)
+    plain = torch.randn(12, 16, 3, 8)
+    slots = slots_for([7, 3, 11], 16, 2 * 16 + 5)
+    assert whole_blocks(slots, 16).tolist() == [7, 3, 11]
+    for cache in (padded, plain):
+        by_row = torch.stack([cache[s // 16, s % 16] for s in slots.tolist()])
+        assert torch.equal(read_slots(cache, slots), by_row)
+        halves = [cache[..., :4], cache[..., 4:]]  # a wide group of W = 2
+        assert torch.equal(read_wide(halves, slots), by_row)
+
+    shuffled = slots[torch.randperm(len(slots), generator=torch.Generator().manual_seed(0))]
+    later = slots_for([7, 3, 11], 16, 2 * 16 + 5)[3:]  # not from the first slot of a block
+    for other in (shuffled, later):
+        assert whole_blocks(other, 16) is None
+        by_row = torch.stack([plain[s // 16, s % 16] for s in other.tolist()])
+        assert torch.equal(read_slots(plain, other), by_row)
+        assert torch.equal(read_wide([plain[..., :4], plain[..., 4:]], other), by_row)
