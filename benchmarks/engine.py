@@ -22,11 +22,13 @@ from typing import Any
 
 POLL_S = 0.002
 NOFILES_MODULE = "benchmarks.nofiles"
+TIMELINE_MODULE = "benchmarks.timeline"
+TIMELINE_SUFFIX = ".timeline.jsonl"  # timeline.SUFFIX (that module imports vLLM and torch)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def extracts(mode: str) -> bool:
-    return mode != "plain"  # extract, extract-instep, extract-nofiles
+    return mode != "plain"  # extract, extract-instep, extract-nofiles, extract-timeline, ...
 
 
 def writes_files(mode: str) -> bool:
@@ -68,6 +70,9 @@ def engine_kwargs(spec: dict[str, Any], fields: set[str]) -> dict[str, Any]:
     if spec["mode"] == "extract-nofiles":  # benchmarks/nofiles.py (imports vLLM and torch)
         transfer = kwargs["kv_transfer_config"]
         transfer.update(kv_connector="NoFilesConnector", kv_connector_module_path=NOFILES_MODULE)
+    if spec["mode"] == "extract-timeline":  # benchmarks/timeline.py
+        transfer = kwargs["kv_transfer_config"]
+        transfer.update(kv_connector="TimelineConnector", kv_connector_module_path=TIMELINE_MODULE)
     if spec.get("profile_dir") and "profiler_config" in fields:  # --profile: one pass after
         kwargs["profiler_config"] = dict(
             profiler="torch",
@@ -203,10 +208,41 @@ def sampling() -> Any:
     return SamplingParams(max_tokens=1, detokenize=False)  # no tokenizer needed
 
 
+def timeline(log: Path, wall0: float, returned: float) -> dict[str, Any] | None:
+    """With extract-timeline: each file's times (benchmarks/timeline.py) as seconds into the
+    pass, summed up: when the last file was submitted, copied and written, and how long the
+    files waited for a writer thread, for their copy and for their write."""
+    if not log.exists():
+        return None
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line]
+    log.unlink()
+    if not rows or any(r["submitted"] is None for r in rows):
+        return None
+
+    def last(key: str) -> float:
+        return max(r[key] for r in rows) - wall0
+
+    def mean(a: str, b: str) -> float:
+        return statistics.mean(r[b] - r[a] for r in rows)
+
+    return dict(
+        files=len(rows),
+        last_submitted_s=last("submitted"),
+        last_copied_s=last("copied"),
+        last_written_s=last("written"),
+        returned_s=returned,
+        mean_queue_s=mean("submitted", "started"),
+        mean_copy_wait_s=mean("started", "copied"),
+        mean_write_s=mean("copied", "written"),
+    )
+
+
 def one_pass(llm: Any, spec: dict[str, Any], prompts: list[list[int]]) -> dict[str, Any]:
     """Generate once; time the return and (extracting) the files; leave the files."""
     cpu0 = cpu_seconds(os.getpid())
-    t0 = time.perf_counter()
+    log = Path(spec["storage"].rstrip("/") + TIMELINE_SUFFIX)
+    log.unlink(missing_ok=True)
+    wall0, t0 = time.time(), time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling(), use_tqdm=False)
     returned = time.perf_counter() - t0
     tokens = sum(map(len, prompts))
@@ -233,6 +269,8 @@ def one_pass(llm: Any, spec: dict[str, Any], prompts: list[list[int]]) -> dict[s
         file_bytes=file_bytes,
         files_gb_per_s=file_bytes / (done - t0) / 1e9 if timed else None,
     )
+    if spec["mode"] == "extract-timeline":
+        row["timeline"] = timeline(log, wall0, returned)
     return row
 
 

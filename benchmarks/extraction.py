@@ -10,6 +10,8 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
            file is complete (see `engine.py`);
 - extract-instep: extract with SPECULATORS_HYBRID_ASYNC_WRITES=0 (files written in the step);
 - extract-nofiles: extract with the file path cut off (benchmarks/nofiles.py, vLLM < 0.22);
+- extract-timeline: extract with each file's submit/copy/write times (benchmarks/timeline.py,
+  vLLM < 0.22), summed up per pass in the JSON;
 - extract-wide / extract-onelayer: extract with SPECULATORS_HYBRID_WIDE_HIDDEN=1 / =0 (the
   hidden states in one group as wide as the model's, the default on vLLM < 0.22 with prefix
   caching off, or in one-layer groups);
@@ -80,6 +82,7 @@ MODES = (
     "extract",
     "extract-instep",
     "extract-nofiles",
+    "extract-timeline",
     "extract-wide",
     "extract-onelayer",
     "extract-prefill-only",
@@ -272,7 +275,7 @@ def engine_env(plugin: str, mode: str = "plain") -> dict[str, str]:
     if plugin == "off":
         env["SPECULATORS_HYBRID_DISABLE"] = "1"
     env.update(MODE_ENV.get(mode, {}))
-    if mode == "extract-nofiles":  # the engine core imports benchmarks.nofiles
+    if mode in ("extract-nofiles", "extract-timeline"):  # the engine core imports benchmarks.*
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 

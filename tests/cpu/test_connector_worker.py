@@ -105,7 +105,7 @@ def test_guard_refuses_nan_or_all_zero_rows(shim, tmp_path, monkeypatch):
     assert "NaN or Inf at token rows 3" in (tmp_path / "nan.safetensors.rejected").read_text()
 
 
-def async_connector(tmp_path, **extra):
+def async_connector(tmp_path, kind=HybridHiddenStatesConnector, **extra):
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
     config = engine_config(preset="tiny", ids=(2, 5, 8), prefix_caching=True, max_model_len=4096)
@@ -113,7 +113,7 @@ def async_connector(tmp_path, **extra):
         shared_storage_path=str(tmp_path), **extra
     )
     name, _layer = planning.hidden_state_layer(config)
-    connector = HybridHiddenStatesConnector(config, KVConnectorRole.WORKER)
+    connector = kind(config, KVConnectorRole.WORKER)
     cache = torch.randn(12, 16, 3, 256).to(torch.bfloat16)
     connector.register_kv_caches({name: cache})
     return connector, name, cache

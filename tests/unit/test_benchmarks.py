@@ -263,6 +263,42 @@ def test_nofiles_mode_runs_the_benchmark_connector_and_expects_no_files():
     assert not engine.writes_files("extract-nofiles") and engine.writes_files("extract")
 
 
+def test_timeline_mode_runs_the_timing_connector_and_writes_files():
+    kw = engine.engine_kwargs(spec("extract-timeline"), set())
+    transfer = kw["kv_transfer_config"]
+    assert (transfer["kv_connector"], transfer["kv_connector_module_path"]) == (
+        "TimelineConnector",
+        "benchmarks.timeline",
+    )
+    root = str(Path(bench.__file__).resolve().parents[1])
+    assert bench.engine_env("on", "extract-timeline")["PYTHONPATH"].split(os.pathsep)[0] == root
+    assert engine.writes_files("extract-timeline")
+
+
+def test_a_timeline_is_summed_up_as_seconds_into_the_pass(tmp_path):
+    log = tmp_path / "files.timeline.jsonl"
+    rows = [
+        dict(path="a", submitted=100.5, started=100.6, copied=100.7, written=101.0),
+        dict(path="b", submitted=102.0, started=102.0, copied=102.2, written=102.6),
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = engine.timeline(log, 100.0, 2.7)
+    assert got == pytest.approx(
+        dict(
+            files=2,
+            last_submitted_s=2.0,
+            last_copied_s=2.2,
+            last_written_s=2.6,
+            returned_s=2.7,
+            mean_queue_s=0.05,
+            mean_copy_wait_s=0.15,
+            mean_write_s=0.35,
+        )
+    )
+    assert not log.exists()  # the next pass starts a new one
+    assert engine.timeline(log, 100.0, 2.7) is None
+
+
 def test_extract_engine_uses_speculators_settings():
     kw = engine.engine_kwargs(spec("extract", "control"), set())
     expected = extraction_args((2, 4, 5, 8), "/tmp/hs")

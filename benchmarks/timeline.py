@@ -1,0 +1,58 @@
+"""Benchmark only: our connector (vLLM < 0.22) with each file's timeline recorded.
+
+`extract-timeline` is `extract` plus four wall-clock times per file, appended to
+`<shared_storage_path>.timeline.jsonl` by the engine: submitted (the step queued its copy),
+started (a writer thread took it), copied (its host copy was done), written (renamed into
+place). `engine.py` reads them back per pass, so the time after the last engine step splits
+into waiting for the copy, writing, and `generate` noticing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from speculators_hybrid.vllm_patches import writer
+from speculators_hybrid.vllm_patches.connector import HybridHiddenStatesConnector
+
+SUFFIX = ".timeline.jsonl"
+_lock = threading.Lock()
+
+
+def _record(log: str, entry: dict[str, Any]) -> None:
+    with _lock, open(log, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def _install(log: str) -> None:
+    """Time every file the writer threads write (once per process)."""
+    if getattr(writer, "_timeline_log", None) is not None:
+        return
+    writer._timeline_log = log  # type: ignore[attr-defined]
+    submitted: dict[str, float] = {}
+    submit, write = writer.FileWriter.submit, writer._write
+
+    def timed_submit(files: Any, path: str, *a: Any, **k: Any) -> None:
+        submitted[path] = time.time()
+        submit(files, path, *a, **k)
+
+    def timed_write(path: str, host: Any, metadata: Any, ready: Any, lock: Any) -> None:
+        started = time.time()
+        if ready is not None:
+            ready.synchronize()
+        copied = time.time()
+        write(path, host, metadata, None, lock)
+        entry = dict(path=path, submitted=submitted.pop(path, None), started=started)
+        _record(log, dict(entry, copied=copied, written=time.time()))
+
+    writer.FileWriter.submit = timed_submit  # type: ignore[method-assign,assignment]
+    writer._write = timed_write
+
+
+class TimelineConnector(HybridHiddenStatesConnector):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._writer is not None:
+            _install(self._dir.rstrip("/") + SUFFIX)
