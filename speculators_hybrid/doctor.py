@@ -304,6 +304,10 @@ def quiet_vllm(verbose: bool) -> None:
         # vLLM 0.33 on a CPU torch: "Triton not available, find_triton_kernels = []" (torch
         # resets its own top logger when imported; this one it leaves as set)
         logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
+        # vLLM 0.33 leaves its loggers unconfigured on import: their warnings (a CPU machine's
+        # missing triton, with tracebacks) would reach Python's last-resort handler
+        level = logging.getLevelName(os.environ["VLLM_LOGGING_LEVEL"].upper())
+        logging.getLogger("vllm").setLevel(level if isinstance(level, int) else logging.CRITICAL)
 
 
 def run(

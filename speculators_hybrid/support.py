@@ -42,4 +42,4 @@ SPECULATORS_VLLM = "0.20.1"
 GPU_PROVEN: dict[str, str] = {"0.20.1": "V1", "0.24.0": "V1", "0.25.0": "V1"}
 
 # Releases whose env also runs tests/cli (the CLI as a subprocess with vLLM: doctor's plans).
-CLI: tuple[str, ...] = ("0.20.1", "0.25.0")
+CLI: tuple[str, ...] = ("0.20.1", "0.25.0", "0.33.0")

@@ -1,5 +1,5 @@
-"""`doctor` as a user runs it (subprocess; vLLM needed, so it runs in the vllm-0.20.1 and
-vllm-0.25.0 envs only, scripts/matrix.py CLI_RELEASES): vLLM's logs off stdout and quiet, a
+"""`doctor` as a user runs it (subprocess; vLLM needed, so it runs in the envs of
+support.CLI only, 0.20.1, 0.25.0, 0.33.0): vLLM's logs off stdout and quiet, a
 legend and a one-line verdict, the demo's temporary folder removed and the preset named,
 max_model_len from the model's own config (a dense Llama-like model of 131,072 positions, a
 Nemotron-H-like Mamba-2 hybrid of 8,192), JSON alone on stdout. Bad input: tests/unit/test_cli.py.
@@ -131,7 +131,10 @@ def test_a_failed_plan_shows_vllms_error_in_one_line_and_what_to_do(tmp_path, ca
     from speculators_hybrid.cli import main
 
     for key in ("VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL", "TRANSFORMERS_VERBOSITY"):
-        monkeypatch.setenv(key, os.environ.get(key, ""))  # doctor's defaults stay in this test
+        # unset, so doctor's defaults apply, and restored (or removed again) after the test;
+        # an empty value is not unset (vLLM 0.33 cannot open a log stream named "")
+        monkeypatch.setenv(key, os.environ.get(key, "unset"))
+        monkeypatch.delenv(key)
 
     model = config(tmp_path, "llama", LLAMA)
     assert main(["doctor", model, "--max-model-len", "262144"]) == 1

@@ -1,5 +1,5 @@
-"""`patches list` as a user runs it where vLLM is installed (subprocess; vllm-0.20.1 and
-vllm-0.25.0 envs, which are uv venvs without torchvision, like the demo's): a true answer for
+"""`patches list` as a user runs it where vLLM is installed (subprocess; the support.CLI envs,
+uv venvs without torchvision, like the demo's): a true answer for
 every patch that applies, vLLM's logs off stdout and quiet. `patches check` without pip:
 tests/unit/test_cli.py."""
 
