@@ -1,0 +1,32 @@
+"""benchmarks/host_write.py: the writer path's files, side by side, timed and then removed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def test_each_thread_count_writes_its_files_and_leaves_none(tmp_path):
+    from benchmarks import host_write
+
+    args = host_write.parse_args(
+        ["--folder", str(tmp_path / "hw"), "--threads", "1", "3", "--file-mb", "0.5"]
+    )
+    result = host_write.run(args)
+    runs = [(r["how"], r["threads"], r["files"]) for r in result["runs"]]
+    assert runs == [(h, t, 2 * t) for h in host_write.HOW for t in (1, 3)]
+    assert result["file_bytes"] == 12 * host_write.ROW_BYTES  # 0.5 MB in whole token rows
+    assert all(r["gb_per_s"] > 0 and r["max_file_s"] >= r["mean_file_s"] for r in result["runs"])
+    assert not (tmp_path / "hw" / "run").exists()
+
+
+def test_bad_settings_are_refused_in_one_line(capsys):
+    from benchmarks import host_write
+
+    with pytest.raises(SystemExit):
+        host_write.parse_args(["--threads", "0"])
+    assert "--threads and --files-per-thread must be >= 1" in capsys.readouterr().err
