@@ -53,7 +53,7 @@ for _path in (ROOT / "tests" / "gpu", ROOT):  # the GPU test's tokenizer helper;
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from benchmarks import engine  # noqa: E402
+from benchmarks import engine, trace_gaps  # noqa: E402
 from speculators_hybrid.models import PRESETS  # noqa: E402
 from speculators_hybrid.versions import installed  # noqa: E402
 
@@ -413,6 +413,8 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
     table = Path(spec["profile_dir"] or "-") / "profiler_out_0.txt"
     if table.exists():
         shutil.copyfile(table, args.out / f"{name}.profile.txt")
+    if spec["profile_dir"]:  # where the GPU waited in the profiled pass (benchmarks/trace_gaps.py)
+        run["profile_gaps"] = trace_gaps.of_folder(Path(spec["profile_dir"]))
     if run.get("kv_cache_tokens"):
         run["kv_bytes_per_token"] = spec["kv_cache_bytes"] / run["kv_cache_tokens"]
     (args.out / f"{name}.json").write_text(json.dumps(run, indent=1) + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import gzip
 import importlib.util
 import json
 import os
@@ -611,3 +612,49 @@ def test_prefix_caching_flag_reaches_the_engine_and_the_table():
     assert all("64x2000 tok sharing a 1000-tok prefix" in r for r in rows)
     runs[1]["prefix_caching_in_engine"] = False  # the plugin turned it off for extraction
     assert "prefix caching asked, off in the engine" in bench.settings_text(runs[1])
+
+
+def trace_event(cat: str, name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+def test_trace_gaps_names_where_the_gpu_waited(tmp_path):
+    """Kernels on two streams overlap (one busy span); the 5 ms gap is named by the CPU
+    ranges open at its middle, annotation first; the 0.5 ms gap is below 1 ms; copies apart."""
+    from benchmarks import trace_gaps
+
+    events = [
+        trace_event("kernel", "gemm", 0, 10_000),
+        trace_event("kernel", "gather", 8_000, 4_000),  # another stream, overlapping
+        trace_event("kernel", "norm", 17_000, 3_000),  # after a 5 ms gap
+        trace_event("kernel", "gemm", 20_500, 1_000),  # after 0.5 ms
+        trace_event("gpu_memcpy", "Memcpy DtoH", 12_000, 2_000),
+        trace_event("user_annotation", "gpu_model_runner: draft", 11_000, 6_500),
+        trace_event("user_annotation", "engine step", 0, 30_000),
+        trace_event("cpu_op", "aten::index_select", 13_000, 2_000),
+        {"ph": "i", "cat": "kernel", "name": "marker", "ts": 5},  # not a span
+    ]
+    trace = tmp_path / "t.pt.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    got = trace_gaps.of_folder(tmp_path)
+    assert got["trace"] == trace.name
+    assert got["window_s"] == pytest.approx(0.0215)
+    assert got["gpu_idle_s"] == pytest.approx(0.0055)
+    assert got["gaps"] == 1 and got["idle_in_gaps_s"] == pytest.approx(0.005)
+    (gap,) = got["largest_gaps"]
+    assert gap["at_s"] == pytest.approx(0.012) and gap["ms"] == pytest.approx(5.0)
+    assert gap["cpu"] == ["gpu_model_runner: draft", "engine step", "aten::index_select"]
+    assert got["by_innermost_cpu_range"] == {"gpu_model_runner: draft": {"count": 1, "s": 0.005}}
+    assert got["copies_s"] == pytest.approx(0.002)
+
+
+def test_trace_gaps_says_what_it_cannot_read(tmp_path, capsys):
+    from benchmarks import trace_gaps
+
+    assert trace_gaps.of_folder(tmp_path) is None
+    (tmp_path / "cut.pt.trace.json").write_text('{"traceEvents": [')
+    assert trace_gaps.of_folder(tmp_path)["error"].startswith("JSONDecodeError")
+    with pytest.raises(SystemExit):
+        trace_gaps.main([str(tmp_path)])
+    assert "cut.pt.trace.json" in capsys.readouterr().err
