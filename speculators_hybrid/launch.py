@@ -22,6 +22,7 @@ from speculators_hybrid.launcher import LaunchError, adjust, builtin, intercept,
 from speculators_hybrid.launcher.command import Command
 from speculators_hybrid.versions import installed
 from speculators_hybrid.vllm_patches.prefill_only import ENV as PREFILL_ENV
+from speculators_hybrid.vllm_patches.writer import THREADS_ENV, writer_threads
 
 PROG = "speculators-hybrid launch"
 DRY_RUN = "--dry-run"
@@ -94,6 +95,11 @@ def plan(argv: list[str]) -> tuple[Command, bool]:
     """The final command for `launch ARGV`, and whether this is a dry run."""
     given, argv = mode_flags(argv)
     launcher, dry_run, rest = split_args(argv)
+    if THREADS_ENV in os.environ:  # else the engine core would stop on it, with a traceback
+        try:
+            writer_threads(lambda key, default: default)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
     notes: list[str] = []  # about the ids, said once the command is accepted
     if launcher is not None:
         cmd = intercept.capture(launcher, rest, notes.append)

@@ -175,3 +175,14 @@ def test_the_users_own_switch_is_kept(value, targets, monkeypatch, capsys):
     cmd, _ = launch.plan([str(targets["hybrid-mm"])])
     assert (cmd.env or dict(os.environ))[launch.PREFILL_ENV] == value
     assert "kept from the environment" in capsys.readouterr().err
+
+
+def test_a_bad_writer_thread_count_is_refused_before_vllm_starts(targets, monkeypatch, capsys):
+    from speculators_hybrid.vllm_patches import writer
+
+    monkeypatch.setenv(writer.THREADS_ENV, "eight")
+    assert launch.main([str(targets["hybrid-mm"]), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "must be a whole number >= 1, got 'eight'" in err
+    monkeypatch.setenv(writer.THREADS_ENV, "16")
+    assert launch.main([str(targets["hybrid-mm"]), "--dry-run"]) == 0
