@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 POLL_S = 0.002
-NOFILES_MODULE = "benchmarks.nofiles"
-TIMELINE_MODULE = "benchmarks.timeline"
+# Modes that run a benchmark-only connector (kv_connector, the module the engine core imports).
+CONNECTORS = {
+    "extract-nofiles": ("NoFilesConnector", "benchmarks.nofiles"),
+    "extract-timeline": ("TimelineConnector", "benchmarks.timeline"),
+}
 TIMELINE_SUFFIX = ".timeline.jsonl"  # timeline.SUFFIX (that module imports vLLM and torch)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -67,12 +70,10 @@ def engine_kwargs(spec: dict[str, Any], fields: set[str]) -> dict[str, Any]:
         kwargs["tokenizer"] = spec["folder"]
     if extracts(spec["mode"]):
         kwargs.update(extraction_args(tuple(spec["layer_ids"]), spec["storage"]))
-    if spec["mode"] == "extract-nofiles":  # benchmarks/nofiles.py (imports vLLM and torch)
+    if spec["mode"] in CONNECTORS:  # benchmarks/nofiles.py, timeline.py (import vLLM, torch)
+        connector, module = CONNECTORS[spec["mode"]]
         transfer = kwargs["kv_transfer_config"]
-        transfer.update(kv_connector="NoFilesConnector", kv_connector_module_path=NOFILES_MODULE)
-    if spec["mode"] == "extract-timeline":  # benchmarks/timeline.py
-        transfer = kwargs["kv_transfer_config"]
-        transfer.update(kv_connector="TimelineConnector", kv_connector_module_path=TIMELINE_MODULE)
+        transfer.update(kv_connector=connector, kv_connector_module_path=module)
     if spec.get("profile_dir") and "profiler_config" in fields:  # --profile: one pass after
         kwargs["profiler_config"] = dict(
             profiler="torch",
@@ -241,7 +242,8 @@ def one_pass(llm: Any, spec: dict[str, Any], prompts: list[list[int]]) -> dict[s
     """Generate once; time the return and (extracting) the files; leave the files."""
     cpu0 = cpu_seconds(os.getpid())
     log = Path(spec["storage"].rstrip("/") + TIMELINE_SUFFIX)
-    log.unlink(missing_ok=True)
+    if spec["mode"] == "extract-timeline":
+        log.unlink(missing_ok=True)  # an earlier pass's, if it stopped before reading it
     wall0, t0 = time.time(), time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling(), use_tqdm=False)
     returned = time.perf_counter() - t0

@@ -275,7 +275,7 @@ def engine_env(plugin: str, mode: str = "plain") -> dict[str, str]:
     if plugin == "off":
         env["SPECULATORS_HYBRID_DISABLE"] = "1"
     env.update(MODE_ENV.get(mode, {}))
-    if mode in ("extract-nofiles", "extract-timeline"):  # the engine core imports benchmarks.*
+    if mode in engine.CONNECTORS:  # the engine core imports benchmarks.*
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 

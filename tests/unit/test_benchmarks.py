@@ -248,31 +248,27 @@ def test_file_digest_tells_equal_files_from_different_ones(tmp_path):
     assert a["shape"] == [2, 3, 4]
 
 
+def benchmark_connector(mode: str) -> tuple[str, str]:
+    """(kv_connector, its module) of `mode`'s engine, whose core finds the module first on its
+    PYTHONPATH."""
+    transfer = engine.engine_kwargs(spec(mode), set())["kv_transfer_config"]
+    root = str(Path(bench.__file__).resolve().parents[1])
+    assert bench.engine_env("on", mode)["PYTHONPATH"].split(os.pathsep)[0] == root
+    return transfer["kv_connector"], transfer["kv_connector_module_path"]
+
+
 def test_nofiles_mode_runs_the_benchmark_connector_and_expects_no_files():
+    assert benchmark_connector("extract-nofiles") == ("NoFilesConnector", "benchmarks.nofiles")
     kw = engine.engine_kwargs(spec("extract-nofiles"), set())
-    transfer = kw["kv_transfer_config"]
-    assert (transfer["kv_connector"], transfer["kv_connector_module_path"]) == (
-        "NoFilesConnector",
-        "benchmarks.nofiles",
-    )
     assert (
         kw["speculative_config"]
         == engine.engine_kwargs(spec("extract"), set())["speculative_config"]
     )
-    root = str(Path(bench.__file__).resolve().parents[1])
-    assert bench.engine_env("on", "extract-nofiles")["PYTHONPATH"].split(os.pathsep)[0] == root
     assert not engine.writes_files("extract-nofiles") and engine.writes_files("extract")
 
 
 def test_timeline_mode_runs_the_timing_connector_and_writes_files():
-    kw = engine.engine_kwargs(spec("extract-timeline"), set())
-    transfer = kw["kv_transfer_config"]
-    assert (transfer["kv_connector"], transfer["kv_connector_module_path"]) == (
-        "TimelineConnector",
-        "benchmarks.timeline",
-    )
-    root = str(Path(bench.__file__).resolve().parents[1])
-    assert bench.engine_env("on", "extract-timeline")["PYTHONPATH"].split(os.pathsep)[0] == root
+    assert benchmark_connector("extract-timeline") == ("TimelineConnector", "benchmarks.timeline")
     assert engine.writes_files("extract-timeline")
 
 
