@@ -108,19 +108,21 @@ def newest_trace(folder: Path) -> Path | None:
     return traces[-1] if traces else None
 
 
-def of_file(trace: Path, min_ms: float = 1.0) -> dict[str, Any]:
+def of_file(trace: Path, min_ms: float = 1.0, name: str | None = None) -> dict[str, Any]:
     """The summary of one trace, or an `error` entry if it cannot be read (missing, still
-    being written, cut short)."""
+    being written, cut short); `trace` in it is `name`, else the file's name."""
+    label = name or trace.name
     try:
-        return {"trace": trace.name, **summary(load(trace), min_ms)}
+        return {"trace": label, **summary(load(trace), min_ms)}
     except (OSError, ValueError, KeyError, EOFError, TypeError) as exc:
-        return {"trace": trace.name, "error": f"{type(exc).__name__}: {exc}"}
+        return {"trace": label, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def of_folder(folder: Path, min_ms: float = 1.0) -> dict[str, Any] | None:
-    """The summary of the newest trace under `folder`; None if there is none."""
+    """The summary of the newest trace under `folder` (named by its path inside it); None if
+    there is none."""
     trace = newest_trace(folder)
-    return None if trace is None else of_file(trace, min_ms)
+    return None if trace is None else of_file(trace, min_ms, str(trace.relative_to(folder)))
 
 
 def main(argv: list[str] | None = None) -> int:

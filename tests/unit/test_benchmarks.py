@@ -649,8 +649,9 @@ def test_trace_gaps_says_what_it_cannot_read(tmp_path, capsys):
     from benchmarks import trace_gaps
 
     assert trace_gaps.of_folder(tmp_path) is None
-    (tmp_path / "cut.pt.trace.json").write_text('{"traceEvents": [')
+    (tmp_path / "rank0").mkdir()  # vLLM may write each worker's trace in a folder of its own
+    (tmp_path / "rank0" / "cut.pt.trace.json").write_text('{"traceEvents": [')
     assert trace_gaps.of_folder(tmp_path)["error"].startswith("JSONDecodeError")
     with pytest.raises(SystemExit):
         trace_gaps.main([str(tmp_path)])
-    assert "cut.pt.trace.json" in capsys.readouterr().err
+    assert f"{tmp_path / 'rank0' / 'cut.pt.trace.json'}:" in capsys.readouterr().err
