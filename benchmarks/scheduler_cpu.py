@@ -35,13 +35,8 @@ KV_BYTES = 20 << 30
 def build(folder: str, plugin: bool, ids: tuple[int, ...] | None) -> tuple[Any, Any, int]:
     """(scheduler, request maker, number of KV-cache groups) as the engine core makes them."""
     from speculators_hybrid import planning
-    from speculators_hybrid.plugin import PATCHER, vllm_patches
 
-    PATCHER.revert()
-    if plugin:
-        PATCHER.apply(vllm_patches())
-        PATCHER.verify_all()  # every target module in, as the engine's start has them
-    planning.forget_model_classes()
+    planning.patches(plugin, import_all=True)  # every target module in, as at an engine start
     setup = planning.Setup(
         model=folder, layer_ids=ids, max_model_len=8192, max_num_batched_tokens=16384
     )

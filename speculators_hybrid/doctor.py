@@ -120,13 +120,8 @@ def plan_once(name: str, setup: planning.Setup, memory_bytes: int) -> tuple[Plan
     """One plan with vLLM's own code; returns it with the config and specs it used."""
     from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
 
-    from speculators_hybrid.plugin import PATCHER, vllm_patches
-
-    PATCHER.revert()
-    if name == "shim":
-        PATCHER.apply(vllm_patches())
-    planning.forget_model_classes()  # the model class as the patches make it (or not)
     result = Plan(name=name)
+    result.patches = [p.id for p in planning.patches(name == "shim")]
     config = specs = None
     try:
         config = planning.engine_config(setup)
@@ -139,8 +134,6 @@ def plan_once(name: str, setup: planning.Setup, memory_bytes: int) -> tuple[Plan
     except Exception as exc:  # vLLM's own start-up error is the finding
         result.error = vllm_error(exc)
         return result, config, specs
-    finally:
-        result.patches = [p.id for p in PATCHER.selected] if name == "shim" else []
     from speculators_hybrid import align_mode
 
     result.block_size = config.cache_config.block_size

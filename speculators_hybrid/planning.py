@@ -60,6 +60,21 @@ def forget_model_classes() -> None:
         clear()
 
 
+def patches(on: bool, import_all: bool = False) -> list[Any]:
+    """Our vLLM patches on (as in an engine with the plugin) or off, and vLLM's model classes
+    made again to match; returns the patches selected. `import_all`: every target module
+    imported now, as an engine's start has them (else each is patched when first imported)."""
+    from speculators_hybrid.plugin import PATCHER, vllm_patches
+
+    PATCHER.revert()
+    if on:
+        PATCHER.apply(vllm_patches())
+        if import_all:
+            PATCHER.verify_all()
+    forget_model_classes()  # the model class as the patches make it (or not)
+    return list(PATCHER.selected) if on else []
+
+
 def engine_config(setup: Setup) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
