@@ -15,6 +15,7 @@ PAD_SLOTS = "hidden-states-pad-slots"  # 0.22-0.24; 0.25.0 clamps padding to the
 READ_SLOTS = "hidden-states-read-slots"  # 0.24.x only
 RUNNER_V1 = "hybrid-extraction-on-model-runner-v1"  # 0.29+ pick Model Runner V2
 WHOLE = "hidden-states-whole-prompts-only"  # 0.24+ save at request_finished
+WAIT = "no-accepted-count-wait-in-prefill"  # 0.20-0.23; 0.24 no longer waits
 CHUNKS = "hidden-states-chunked-prompts"  # 0.22-0.23: our connector where the stock one refuses
 NAMES = "granite-layer-type-names"  # 0.20-0.25: 0.26 maps transformers >= 5.13's layer types
 BEFORE_022 = {
@@ -40,16 +41,16 @@ FROM_022 = {
 
 # vLLM release -> the patches it needs (the table README.md shows).
 NEEDED = {
-    "0.20.0": BEFORE_022,
-    "0.20.1": BEFORE_022,
-    "0.20.2": BEFORE_022,
-    "0.21.0": BEFORE_022,
+    "0.20.0": BEFORE_022 | {WAIT},
+    "0.20.1": BEFORE_022 | {WAIT},
+    "0.20.2": BEFORE_022 | {WAIT},
+    "0.21.0": BEFORE_022 | {WAIT},
     # 0.22-0.23: caching off only with vLLM's connector (no chunked prefill); 0.22-0.31: off for
     # models in Mamba cache mode 'all' (the engine core would stop on a 1-token chunk)
-    "0.22.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES, NO_CACHING, ALL_MODE},
-    "0.22.1": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES, NO_CACHING, ALL_MODE},
+    "0.22.0": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES, NO_CACHING, ALL_MODE, WAIT},
+    "0.22.1": FROM_022 | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES, NO_CACHING, ALL_MODE, WAIT},
     "0.23.0": FROM_022
-    | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES, NO_CACHING, ALL_MODE},  # no READ_SLOTS
+    | {TEXT_ONLY, PAD_SLOTS, CHUNKS, NAMES, NO_CACHING, ALL_MODE, WAIT},  # no READ_SLOTS
     "0.24.0": FROM_022 | {WHOLE, NAMES, ALL_MODE} | {TEXT_ONLY, PAD_SLOTS, READ_SLOTS, PREFIX_HIT},
     "0.25.0": FROM_022 | {WHOLE, TEXT_ONLY, PREFIX_HIT, NAMES, ALL_MODE},
     "0.25.1": FROM_022 | {WHOLE, NAMES, ALL_MODE} | {TEXT_ONLY, PREFIX_HIT},

@@ -57,6 +57,7 @@ BEFORE_022 = {
     "extraction-model-type-list",  # 0.20/0.21 refuse the families by their model type's name
     "granite-layer-type-names",
 }
+WAIT = {"no-accepted-count-wait-in-prefill"}  # vLLM 0.20-0.23: 0.24 no longer waits
 FROM_022 = {
     "hidden-block-divides-engine-block",
     "hidden-states-provenance",
@@ -75,14 +76,15 @@ WHOLE = {  # 0.24+ save at request_finished, and make each request's lock in wai
 @pytest.mark.parametrize(
     ("version", "expected"),
     [
-        ("0.20.1", EVERY | BEFORE_022),
-        ("0.21.0", EVERY | BEFORE_022),
+        ("0.20.1", EVERY | BEFORE_022 | WAIT),
+        ("0.21.0", EVERY | BEFORE_022 | WAIT),
         (
             "0.22.0",
             EVERY
             | FROM_022
             | NAMES
             | ALL_MODE
+            | WAIT
             | {"hidden-states-pad-slots", "hidden-states-chunked-prompts"}
             | {"no-prefix-caching-for-hybrid-extraction"},  # only with chunked prefill off
         ),
