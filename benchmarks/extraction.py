@@ -15,7 +15,9 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
 - extract-wide / extract-onelayer: extract with SPECULATORS_HYBRID_WIDE_HIDDEN=1 / =0 (the
   hidden states in one group as wide as the model's, the default on vLLM < 0.22 with prefix
   caching off, or in one-layer groups);
-- extract-prefill-only: extract with SPECULATORS_HYBRID_PREFILL_ONLY=1 (no spare state block).
+- extract-prefill-only: extract with SPECULATORS_HYBRID_PREFILL_ONLY=1 (no spare state block);
+- extract-accepted-wait: extract with vLLM's accepted-count wait kept (vLLM 0.20-0.23:
+  SPECULATORS_HYBRID_DISABLED_PATCHES=no-accepted-count-wait-in-prefill), to measure that patch.
 
 Workloads: `fixed` (N prompts x L tokens), `chat` (N prompts, seeded log-uniform lengths
 of 100-8,000 tokens) or `shared-prefix` (N prompts x L tokens whose first `--shared-prefix-len`
@@ -86,7 +88,9 @@ MODES = (
     "extract-wide",
     "extract-onelayer",
     "extract-prefill-only",
+    "extract-accepted-wait",
 )
+DISABLED = "SPECULATORS_HYBRID_DISABLED_PATCHES"  # switches.py: patches turned off
 ASYNC_WRITES = "SPECULATORS_HYBRID_ASYNC_WRITES"  # vllm_patches/writer.py; "0": in-step writes
 # The environment each extraction mode adds to the engine's (the opt-in switches of the plugin).
 MODE_ENV: dict[str, dict[str, str]] = {
@@ -94,6 +98,7 @@ MODE_ENV: dict[str, dict[str, str]] = {
     "extract-wide": {"SPECULATORS_HYBRID_WIDE_HIDDEN": "1"},  # vllm_patches/wide_hidden.py
     "extract-onelayer": {"SPECULATORS_HYBRID_WIDE_HIDDEN": "0"},  # one-layer KV-cache groups
     "extract-prefill-only": {"SPECULATORS_HYBRID_PREFILL_ONLY": "1"},  # no spare state block
+    "extract-accepted-wait": {DISABLED: "no-accepted-count-wait-in-prefill"},  # vLLM's wait kept
 }
 WORKLOADS = ("fixed", "chat", "shared-prefix")
 SHARED_PREFIX = 1000  # tokens of the shared-prefix workload's common system prompt

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from speculators_hybrid import __version__, check, doctor, launch, run, upstream
-from speculators_hybrid.plugin import disabled, vllm_patches
+from speculators_hybrid import __version__, check, doctor, launch, run, switches, upstream
+from speculators_hybrid.plugin import disabled, patch_ids, vllm_patches
 from speculators_hybrid.registry import Patch, Patcher
 from speculators_hybrid.verify import command as verify_command
 from speculators_hybrid.versions import installed
@@ -19,6 +19,11 @@ def all_patches() -> tuple[Patch, ...]:
 
 
 def _patches_list(args: argparse.Namespace) -> int:
+    problem = switches.unknown_disabled(patch_ids())
+    if problem:
+        print(f"speculators-hybrid patches: error: {problem}", file=sys.stderr)
+        return 2
+    off = switches.disabled_patches()
     print(
         f"vllm {installed('vllm') or 'not installed'}; "
         f"speculators {installed('speculators') or 'not installed'}"
@@ -33,6 +38,8 @@ def _patches_list(args: argparse.Namespace) -> int:
     for patch in all_patches():
         needed = patch.needed_for(installed(patch.project))
         state = "applies here" if needed else "not needed here"
+        if patch.id in off:
+            state = f"{state}; off: {switches.DISABLED_PATCHES}"
         print(f"\n{patch.id}  [{state}]")
         print(f"  versions: {patch.project} {patch.versions}")
         print(f"  upstream: {patch.fixed_upstream}")

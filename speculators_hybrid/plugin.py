@@ -84,6 +84,13 @@ def vllm_patches() -> tuple[Patch, ...]:
     return PATCHES
 
 
+def patch_ids() -> set[str]:
+    """The ids of every patch, vLLM's and speculators'."""
+    from speculators_hybrid.speculators_patches import PATCHES as TRAINING
+
+    return {p.id for p in (*vllm_patches(), *TRAINING)}
+
+
 def register() -> None:
     if disabled():
         logger.info(
@@ -97,6 +104,10 @@ def register() -> None:
     from speculators_hybrid.model_registration import REGISTRAR
 
     guard.install()  # first: the patches wrap on top of it
+    if switches.disabled_patches():
+        problem = switches.unknown_disabled(patch_ids())
+        if problem:  # `launch` and `patches list` refuse it; here vLLM is already starting
+            logger.error("speculators-hybrid: %s", problem)
     selected = patcher().apply(vllm_patches())
     failed = patcher().failed
     if failed is None:
@@ -110,3 +121,9 @@ def register() -> None:
         if failed is None
         else f"none ({failed.short()}; hybrid extraction will be refused)",
     )
+    if switches.disabled_patches():
+        logger.warning(
+            "speculators-hybrid: off by %s: %s",
+            switches.DISABLED_PATCHES,
+            ",".join(sorted(switches.disabled_patches())),
+        )

@@ -22,6 +22,7 @@ import wrapt
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from speculators_hybrid import switches
 from speculators_hybrid.fingerprint import fingerprint, resolve
 
 logger = logging.getLogger("vllm.speculators_hybrid")
@@ -120,7 +121,10 @@ class Patcher:
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def select(self, patches: Iterable[Patch]) -> list[Patch]:
-        return [p for p in patches if p.needed_for(self.version_of(p.project))]
+        """The patches the installed versions need, less those SPECULATORS_HYBRID_DISABLED_PATCHES
+        turns off."""
+        off = switches.disabled_patches()
+        return [p for p in patches if p.id not in off and p.needed_for(self.version_of(p.project))]
 
     def apply(self, patches: Iterable[Patch]) -> list[Patch]:
         """Arm the patches this install needs. Idempotent; returns the selected ones."""

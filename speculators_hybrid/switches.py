@@ -4,6 +4,7 @@ or no (any case); unset (or anything else) is neither."""
 from __future__ import annotations
 
 import os
+import re
 
 ON = ("1", "true", "yes")
 OFF = ("0", "false", "no")
@@ -15,3 +16,23 @@ def on(name: str) -> bool:
 
 def off(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in OFF
+
+
+DISABLED_PATCHES = "SPECULATORS_HYBRID_DISABLED_PATCHES"
+
+
+def disabled_patches() -> frozenset[str]:
+    """Patch ids turned off by SPECULATORS_HYBRID_DISABLED_PATCHES (comma or space separated),
+    to see what one patch does; a run without a patch its vLLM needs is not a supported one."""
+    return frozenset(re.split(r"[,\s]+", os.environ.get(DISABLED_PATCHES, "").strip())) - {""}
+
+
+def unknown_disabled(known: set[str]) -> str | None:
+    """The one-line error for ids in SPECULATORS_HYBRID_DISABLED_PATCHES that name no patch."""
+    unknown = sorted(disabled_patches() - known)
+    if not unknown:
+        return None
+    return (
+        f"{DISABLED_PATCHES} names no patch: {', '.join(unknown)} "
+        "(`speculators-hybrid patches list` shows the ids)"
+    )

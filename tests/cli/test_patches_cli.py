@@ -16,14 +16,18 @@ from speculators_hybrid.versions import installed
 pytest.importorskip("vllm")
 
 
-def test_patches_list_answers_for_every_patch_and_is_quiet():
-    done = subprocess.run(
+def patches_list(**env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "speculators_hybrid.cli", "patches", "list"],
         capture_output=True,
         text=True,
         timeout=600,
-        env=as_a_user(),
+        env={**as_a_user(), **env},
     )
+
+
+def test_patches_list_answers_for_every_patch_and_is_quiet():
+    done = patches_list()
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"vllm {installed('vllm')}; ")
@@ -33,3 +37,16 @@ def test_patches_list_answers_for_every_patch_and_is_quiet():
     ), checks
     assert not [line for line in lines if line.startswith(("INFO ", "WARNING ", "ERROR "))]
     assert "Traceback" not in done.stderr and "libcuda" not in done.stderr, done.stderr
+
+
+def test_patches_list_shows_disabled_patches_and_refuses_unknown_ones():
+    from speculators_hybrid import switches
+
+    wait = "no-accepted-count-wait-in-prefill"
+    done = patches_list(**{switches.DISABLED_PATCHES: wait})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"\n{wait}  [" in done.stdout
+    assert f"; off: {switches.DISABLED_PATCHES}]" in done.stdout.split(f"\n{wait}  [")[1]
+    done = patches_list(**{switches.DISABLED_PATCHES: f"{wait},no-such-patch"})
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr.count("\n") == 1 and "names no patch: no-such-patch" in done.stderr

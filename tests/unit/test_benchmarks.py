@@ -211,6 +211,11 @@ def test_instep_mode_extracts_with_writes_in_the_step(monkeypatch):
         ("extract-wide", "SPECULATORS_HYBRID_WIDE_HIDDEN", "1"),
         ("extract-onelayer", "SPECULATORS_HYBRID_WIDE_HIDDEN", "0"),
         ("extract-prefill-only", "SPECULATORS_HYBRID_PREFILL_ONLY", "1"),
+        (
+            "extract-accepted-wait",
+            "SPECULATORS_HYBRID_DISABLED_PATCHES",
+            "no-accepted-count-wait-in-prefill",
+        ),
     ],
 )
 def test_layout_modes_differ_from_extract_by_one_variable(monkeypatch, mode, variable, value):

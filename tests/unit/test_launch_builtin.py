@@ -186,3 +186,16 @@ def test_a_bad_writer_thread_count_is_refused_before_vllm_starts(targets, monkey
     assert err.count("\n") == 1 and "must be a whole number >= 1, got 'eight'" in err
     monkeypatch.setenv(writer.THREADS_ENV, "16")
     assert launch.main([str(targets["hybrid-mm"]), "--dry-run"]) == 0
+
+
+def test_a_disabled_patch_that_does_not_exist_is_refused_before_vllm_starts(
+    targets, monkeypatch, capsys
+):
+    from speculators_hybrid import switches
+
+    monkeypatch.setenv(switches.DISABLED_PATCHES, "no-such-patch")
+    assert launch.main([str(targets["hybrid-mm"]), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "names no patch: no-such-patch" in err
+    monkeypatch.setenv(switches.DISABLED_PATCHES, "no-accepted-count-wait-in-prefill")
+    assert launch.main([str(targets["hybrid-mm"]), "--dry-run"]) == 0

@@ -111,6 +111,23 @@ def test_each_vllm_version_selects_the_patches_it_needs(version, expected):
     assert {p.id for p in patcher.select(PATCHES)} == expected
 
 
+def test_disabled_patches_are_not_selected(monkeypatch):
+    """SPECULATORS_HYBRID_DISABLED_PATCHES turns single patches off (comma or space separated);
+    an id that names no patch is reported, in one line, by `unknown_disabled`."""
+    from speculators_hybrid import switches
+
+    wait, pad = "no-accepted-count-wait-in-prefill", "hidden-states-wide-group"
+    monkeypatch.setenv(switches.DISABLED_PATCHES, f" {wait}, {pad}  ")
+    patcher = plugin.Patcher(version_of=lambda dist: "0.20.1")
+    assert {p.id for p in patcher.select(PATCHES)} == (EVERY | BEFORE_022 | WAIT) - {wait, pad}
+    assert switches.unknown_disabled(plugin.patch_ids()) is None
+    monkeypatch.setenv(switches.DISABLED_PATCHES, f"{wait} no-such-patch")
+    problem = switches.unknown_disabled(plugin.patch_ids())
+    assert problem and "\n" not in problem and "names no patch: no-such-patch " in problem
+    monkeypatch.setenv(switches.DISABLED_PATCHES, "")
+    assert patcher.select(PATCHES) and not switches.disabled_patches()
+
+
 def test_every_patch_is_documented():
     for patch in PATCHES:
         # A registration (model_registration.Registration) adds models and wraps nothing.
