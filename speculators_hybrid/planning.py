@@ -282,7 +282,6 @@ def engine_scheduler(config: Any, kv_cache_config: Any) -> tuple[Any, Any]:
         init_none_hash,
         resolve_kv_cache_block_sizes,
     )
-    from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
     kv = generate_scheduler_kv_cache_config([kv_cache_config])
@@ -296,7 +295,7 @@ def engine_scheduler(config: Any, kv_cache_config: Any) -> tuple[Any, Any]:
     )
     config.validate_block_size()
     block_size, hash_block_size = resolve_kv_cache_block_sizes(kv, config)
-    scheduler = Scheduler(
+    scheduler = config.scheduler_config.get_scheduler_cls()(  # AsyncScheduler if async
         vllm_config=config,
         kv_cache_config=kv,
         structured_output_manager=StructuredOutputManager(config),

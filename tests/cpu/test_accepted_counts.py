@@ -7,11 +7,14 @@ preparation waits on it).
 
 from __future__ import annotations
 
+from collections import deque
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import needs, set_shim
+from conftest import engine_config, engine_scheduler, model_output, needs, set_shim
+
+from speculators_hybrid import planning
 
 pytestmark = needs("no-accepted-count-wait-in-prefill")
 
@@ -92,3 +95,40 @@ def test_prefix_caching_state_copies_are_left_to_vllm():
     batch = SimpleNamespace(scheduled_spec_decode_tokens={})
     for mode, skipped in (("none", True), ("align", False), ("all", False)):
         assert changes_nothing(runner([1, 1, 1], mode), torch.tensor(PREFILL), batch) is skipped
+
+
+def test_no_step_of_an_extraction_schedules_a_draft_token(shim):
+    """vLLM's own scheduler as the engine core runs it on a GPU (AsyncScheduler: async
+    scheduling is on there, two steps in flight), through prompts that span steps and chunks:
+    no step schedules a draft token, so every step of an extraction takes the skip."""
+    config = engine_config(max_model_len=8192)
+    config.scheduler_config.async_scheduling = True  # the CPU platform turns it off
+    kv = planning.plan(config, planning.layer_specs(config), 8 << 30)
+    scheduler, request = engine_scheduler(config, kv)
+    assert type(scheduler).__name__ == "AsyncScheduler"
+    chunk = config.scheduler_config.max_num_batched_tokens
+    most = 8000  # within max_model_len (and the chunk where chunked prefill is off: 0.22-0.23)
+    lengths = [min(chunk + 900, most), 7, 300, chunk // 2, min(3 * chunk // 2, most), most, 1, 64]
+    for i, n in enumerate(lengths):
+        scheduler.add_request(request(f"r{i}", list(range(1, n + 1))))
+    in_flight: deque = deque()
+    finished, saved, steps = set(), frozenset(), 0
+    while scheduler.has_requests():
+        steps += 1
+        assert steps < 200, "the requests did not finish"
+        out = scheduler.schedule()
+        assert not out.scheduled_spec_decode_tokens
+        reqs = scheduler.requests
+        done = [
+            r
+            for r in out.num_scheduled_tokens
+            if reqs[r].num_computed_tokens >= reqs[r].num_prompt_tokens
+        ]
+        in_flight.append((out, {r: 7 for r in done}))
+        while len(in_flight) == 2 or (in_flight and not out.total_num_scheduled_tokens):
+            step, sampled = in_flight.popleft()
+            # vLLM >= 0.22's connector holds a finished request's blocks until its save is done
+            results = scheduler.update_from_output(step, model_output(step, sampled, saved))
+            finished |= {o.request_id for e in results.values() for o in e.outputs if o.finished}
+            saved = frozenset(r for r in sampled if r in scheduler.requests)
+    assert finished == {f"r{i}" for i in range(len(lengths))}
