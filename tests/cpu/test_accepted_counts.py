@@ -2,7 +2,8 @@
 (`GPUModelRunner._update_states_after_model_execute`, vLLM 0.20-0.23), run on the CPU on a
 runner holding what that method reads: vLLM's CpuGpuBuffer for the counts, the input batch's
 host counts, and an event that records whether the copy was queued (the next step's input
-preparation waits on it).
+preparation waits on it); and vLLM's own scheduler, as a GPU engine core runs it, showing that
+no step of an extraction schedules a draft token (so every step takes the skip).
 """
 
 from __future__ import annotations
