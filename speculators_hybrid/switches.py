@@ -34,5 +34,5 @@ def unknown_disabled(known: set[str]) -> str | None:
         return None
     return (
         f"{DISABLED_PATCHES} names no patch: {', '.join(unknown)} "
-        "(`speculators-hybrid patches list` shows the ids)"
+        "(`speculators-hybrid patches list` with it unset shows the ids)"
     )
