@@ -57,6 +57,7 @@ for _path in (ROOT / "tests" / "gpu", ROOT):  # the GPU test's tokenizer helper;
 
 from benchmarks import engine, trace_gaps  # noqa: E402
 from speculators_hybrid.models import PRESETS  # noqa: E402
+from speculators_hybrid.switches import DISABLED_PATCHES  # noqa: E402
 from speculators_hybrid.versions import installed  # noqa: E402
 
 
@@ -90,7 +91,6 @@ MODES = (
     "extract-prefill-only",
     "extract-accepted-wait",
 )
-DISABLED = "SPECULATORS_HYBRID_DISABLED_PATCHES"  # switches.py: patches turned off
 ASYNC_WRITES = "SPECULATORS_HYBRID_ASYNC_WRITES"  # vllm_patches/writer.py; "0": in-step writes
 # The environment each extraction mode adds to the engine's (the opt-in switches of the plugin).
 MODE_ENV: dict[str, dict[str, str]] = {
@@ -98,7 +98,8 @@ MODE_ENV: dict[str, dict[str, str]] = {
     "extract-wide": {"SPECULATORS_HYBRID_WIDE_HIDDEN": "1"},  # vllm_patches/wide_hidden.py
     "extract-onelayer": {"SPECULATORS_HYBRID_WIDE_HIDDEN": "0"},  # one-layer KV-cache groups
     "extract-prefill-only": {"SPECULATORS_HYBRID_PREFILL_ONLY": "1"},  # no spare state block
-    "extract-accepted-wait": {DISABLED: "no-accepted-count-wait-in-prefill"},  # vLLM's wait kept
+    # vLLM's accepted-count wait kept (vLLM 0.20-0.23)
+    "extract-accepted-wait": {DISABLED_PATCHES: "no-accepted-count-wait-in-prefill"},
 }
 WORKLOADS = ("fixed", "chat", "shared-prefix")
 SHARED_PREFIX = 1000  # tokens of the shared-prefix workload's common system prompt

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from speculators_hybrid import __version__, check, doctor, launch, run, switches, upstream
-from speculators_hybrid.plugin import disabled, patch_ids, vllm_patches
+from speculators_hybrid.plugin import disabled, unknown_disabled, vllm_patches
 from speculators_hybrid.registry import Patch, Patcher
 from speculators_hybrid.verify import command as verify_command
 from speculators_hybrid.versions import installed
@@ -19,7 +19,7 @@ def all_patches() -> tuple[Patch, ...]:
 
 
 def _patches_list(args: argparse.Namespace) -> int:
-    problem = switches.unknown_disabled(patch_ids())
+    problem = unknown_disabled()
     if problem:
         print(f"speculators-hybrid patches: error: {problem}", file=sys.stderr)
         return 2

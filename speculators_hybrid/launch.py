@@ -18,10 +18,9 @@ import os
 import shlex
 import sys
 
-from speculators_hybrid import switches
 from speculators_hybrid.launcher import LaunchError, adjust, builtin, intercept, target
 from speculators_hybrid.launcher.command import Command
-from speculators_hybrid.plugin import patch_ids
+from speculators_hybrid.plugin import unknown_disabled
 from speculators_hybrid.versions import installed
 from speculators_hybrid.vllm_patches.prefill_only import ENV as PREFILL_ENV
 from speculators_hybrid.vllm_patches.writer import THREADS_ENV, writer_threads
@@ -97,10 +96,9 @@ def plan(argv: list[str]) -> tuple[Command, bool]:
     """The final command for `launch ARGV`, and whether this is a dry run."""
     given, argv = mode_flags(argv)
     launcher, dry_run, rest = split_args(argv)
-    if switches.disabled_patches():  # else only a line in vLLM's log would say it
-        problem = switches.unknown_disabled(patch_ids())
-        if problem:
-            raise LaunchError(problem)
+    problem = unknown_disabled()  # else only a line in vLLM's log would say it
+    if problem:
+        raise LaunchError(problem)
     if THREADS_ENV in os.environ:  # else the engine core would stop on it, with a traceback
         try:
             writer_threads(lambda key, default: default)

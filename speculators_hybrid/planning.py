@@ -72,7 +72,7 @@ def patches(on: bool, import_all: bool = False) -> list[Any]:
         if import_all:
             PATCHER.verify_all()
     forget_model_classes()  # the model class as the patches make it (or not)
-    return list(PATCHER.selected) if on else []
+    return list(PATCHER.selected)  # none after `revert` alone
 
 
 def engine_config(setup: Setup) -> Any:

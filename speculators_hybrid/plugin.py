@@ -84,11 +84,21 @@ def vllm_patches() -> tuple[Patch, ...]:
     return PATCHES
 
 
-def patch_ids() -> set[str]:
-    """The ids of every patch, vLLM's and speculators'."""
+def unknown_disabled() -> str | None:
+    """The one-line error when SPECULATORS_HYBRID_DISABLED_PATCHES names an id that no patch
+    (vLLM's or speculators') has; None when it names none such, or is unset."""
+    off = switches.disabled_patches()
+    if not off:
+        return None  # the usual case: nothing more imported
     from speculators_hybrid.speculators_patches import PATCHES as TRAINING
 
-    return {p.id for p in (*vllm_patches(), *TRAINING)}
+    unknown = sorted(off - {p.id for p in (*vllm_patches(), *TRAINING)})
+    if not unknown:
+        return None
+    return (
+        f"{switches.DISABLED_PATCHES} names no patch: {', '.join(unknown)} "
+        "(`speculators-hybrid patches list` with it unset shows the ids)"
+    )
 
 
 def register() -> None:
@@ -104,10 +114,9 @@ def register() -> None:
     from speculators_hybrid.model_registration import REGISTRAR
 
     guard.install()  # first: the patches wrap on top of it
-    if switches.disabled_patches():
-        problem = switches.unknown_disabled(patch_ids())
-        if problem:  # `launch` and `patches list` refuse it; here vLLM is already starting
-            logger.error("speculators-hybrid: %s", problem)
+    problem = unknown_disabled()
+    if problem:  # `launch` and `patches list` refuse it; here vLLM is already starting
+        logger.error("speculators-hybrid: %s", problem)
     selected = patcher().apply(vllm_patches())
     failed = patcher().failed
     if failed is None:
@@ -121,9 +130,8 @@ def register() -> None:
         if failed is None
         else f"none ({failed.short()}; hybrid extraction will be refused)",
     )
-    if switches.disabled_patches():
+    off = switches.disabled_patches()
+    if off:
         logger.warning(
-            "speculators-hybrid: off by %s: %s",
-            switches.DISABLED_PATCHES,
-            ",".join(sorted(switches.disabled_patches())),
+            "speculators-hybrid: off by %s: %s", switches.DISABLED_PATCHES, ",".join(sorted(off))
         )

@@ -25,14 +25,3 @@ def disabled_patches() -> frozenset[str]:
     """Patch ids turned off by SPECULATORS_HYBRID_DISABLED_PATCHES (comma or space separated),
     to see what one patch does; a run without a patch its vLLM needs is not a supported one."""
     return frozenset(re.split(r"[,\s]+", os.environ.get(DISABLED_PATCHES, "").strip())) - {""}
-
-
-def unknown_disabled(known: set[str]) -> str | None:
-    """The one-line error for ids in SPECULATORS_HYBRID_DISABLED_PATCHES that name no patch."""
-    unknown = sorted(disabled_patches() - known)
-    if not unknown:
-        return None
-    return (
-        f"{DISABLED_PATCHES} names no patch: {', '.join(unknown)} "
-        "(`speculators-hybrid patches list` with it unset shows the ids)"
-    )

@@ -120,9 +120,9 @@ def test_disabled_patches_are_not_selected(monkeypatch):
     monkeypatch.setenv(switches.DISABLED_PATCHES, f" {wait}, {pad}  ")
     patcher = plugin.Patcher(version_of=lambda dist: "0.20.1")
     assert {p.id for p in patcher.select(PATCHES)} == (EVERY | BEFORE_022 | WAIT) - {wait, pad}
-    assert switches.unknown_disabled(plugin.patch_ids()) is None
+    assert plugin.unknown_disabled() is None
     monkeypatch.setenv(switches.DISABLED_PATCHES, f"{wait} no-such-patch")
-    problem = switches.unknown_disabled(plugin.patch_ids())
+    problem = plugin.unknown_disabled()
     assert problem and "\n" not in problem and "names no patch: no-such-patch " in problem
     monkeypatch.setenv(switches.DISABLED_PATCHES, "")
     assert patcher.select(PATCHES) and not switches.disabled_patches()
