@@ -57,8 +57,11 @@ for _path in (ROOT / "tests" / "gpu", ROOT):  # the GPU test's tokenizer helper;
 
 from benchmarks import engine, trace_gaps  # noqa: E402
 from speculators_hybrid.models import PRESETS  # noqa: E402
-from speculators_hybrid.switches import DISABLED_PATCHES  # noqa: E402
+from speculators_hybrid.switches import DISABLE, DISABLED_PATCHES  # noqa: E402
 from speculators_hybrid.versions import installed  # noqa: E402
+from speculators_hybrid.vllm_patches.prefill_only import ENV as PREFILL_ENV  # noqa: E402
+from speculators_hybrid.vllm_patches.wide_hidden import WIDE_ENV  # noqa: E402
+from speculators_hybrid.vllm_patches.writer import ASYNC_ENV as ASYNC_WRITES  # noqa: E402
 
 
 def control_sizes(size: str) -> dict[str, int]:
@@ -91,13 +94,12 @@ MODES = (
     "extract-prefill-only",
     "extract-accepted-wait",
 )
-ASYNC_WRITES = "SPECULATORS_HYBRID_ASYNC_WRITES"  # vllm_patches/writer.py; "0": in-step writes
 # The environment each extraction mode adds to the engine's (the opt-in switches of the plugin).
 MODE_ENV: dict[str, dict[str, str]] = {
     "extract-instep": {ASYNC_WRITES: "0"},  # files written inside the step
-    "extract-wide": {"SPECULATORS_HYBRID_WIDE_HIDDEN": "1"},  # vllm_patches/wide_hidden.py
-    "extract-onelayer": {"SPECULATORS_HYBRID_WIDE_HIDDEN": "0"},  # one-layer KV-cache groups
-    "extract-prefill-only": {"SPECULATORS_HYBRID_PREFILL_ONLY": "1"},  # no spare state block
+    "extract-wide": {WIDE_ENV: "1"},  # vllm_patches/wide_hidden.py
+    "extract-onelayer": {WIDE_ENV: "0"},  # one-layer KV-cache groups
+    "extract-prefill-only": {PREFILL_ENV: "1"},  # no spare state block
     # vLLM's accepted-count wait kept (vLLM 0.20-0.23)
     "extract-accepted-wait": {DISABLED_PATCHES: "no-accepted-count-wait-in-prefill"},
 }
@@ -277,9 +279,9 @@ def engine_env(plugin: str, mode: str = "plain") -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_USE_FLASHINFER_SAMPLER="0")
     # Engine core in its own process (vLLM's default); in-process, files come one step late.
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    env.pop("SPECULATORS_HYBRID_DISABLE", None)  # the flag decides
+    env.pop(DISABLE, None)  # the flag decides
     if plugin == "off":
-        env["SPECULATORS_HYBRID_DISABLE"] = "1"
+        env[DISABLE] = "1"
     env.update(MODE_ENV.get(mode, {}))
     if mode in engine.CONNECTORS:  # the engine core imports benchmarks.*
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -411,7 +413,7 @@ def run_one(args: argparse.Namespace, kind: str, mode: str) -> dict[str, Any]:
         "cuda_graphs_error": graphs_error,
         "speculators_hybrid": our_version(),
         "plugin_flag": args.plugin,
-        "SPECULATORS_HYBRID_DISABLE": env.get("SPECULATORS_HYBRID_DISABLE"),
+        DISABLE: env.get(DISABLE),
         ASYNC_WRITES: env.get(ASYNC_WRITES),  # as the engine had it
         "switches": {k: v for k, v in env.items() if k.startswith("SPECULATORS_")},
         "wall_s": time.perf_counter() - t,

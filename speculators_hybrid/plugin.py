@@ -62,7 +62,7 @@ _ROLES = (
 
 
 def disabled() -> bool:
-    return switches.on("SPECULATORS_HYBRID_DISABLE")
+    return switches.on(switches.DISABLE)
 
 
 def role() -> str:

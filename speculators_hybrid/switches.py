@@ -18,6 +18,7 @@ def off(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in OFF
 
 
+DISABLE = "SPECULATORS_HYBRID_DISABLE"  # the plugin patches nothing
 DISABLED_PATCHES = "SPECULATORS_HYBRID_DISABLED_PATCHES"
 
 

@@ -127,8 +127,8 @@ def _plugin_checks(log: Log) -> bool:
             f"warning: {PLUGIN} is not installed as a vLLM plugin in this environment "
             "(pip install it next to vLLM), so vLLM will not load it"
         )
-    if switches.on("SPECULATORS_HYBRID_DISABLE"):
-        log("warning: SPECULATORS_HYBRID_DISABLE is set: the plugin will patch nothing")
+    if switches.on(switches.DISABLE):
+        log(f"warning: {switches.DISABLE} is set: the plugin will patch nothing")
         return False
     return PLUGIN in names
 
