@@ -48,7 +48,7 @@ def build(folder: str, plugin: bool, ids: tuple[int, ...] | None) -> tuple[Any, 
 
 def one_pass(scheduler: Any, request: Any, prompts: list[list[int]], tag: str) -> list[dict]:
     """All prompts to completion, blocks freed; per step: ms of schedule + update."""
-    from speculators_hybrid.planning import model_output
+    from speculators_hybrid.planning import model_output, prompts_done
 
     for i, prompt in enumerate(prompts):
         scheduler.add_request(request(f"{tag}-{i}", prompt))
@@ -57,11 +57,7 @@ def one_pass(scheduler: Any, request: Any, prompts: list[list[int]], tag: str) -
     while scheduler.has_requests() or saved:
         wall, cpu = time.perf_counter(), time.process_time()
         out = scheduler.schedule()
-        done = {
-            r: 1
-            for r in out.num_scheduled_tokens
-            if scheduler.requests[r].num_computed_tokens >= scheduler.requests[r].num_prompt_tokens
-        }
+        done = dict.fromkeys(prompts_done(scheduler, out), 1)
         scheduler.update_from_output(out, model_output(out, done, saved))
         steps.append(
             {

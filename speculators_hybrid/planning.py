@@ -317,6 +317,17 @@ def engine_scheduler(config: Any, kv_cache_config: Any) -> tuple[Any, Any]:
     return scheduler, request
 
 
+def prompts_done(scheduler: Any, scheduler_output: Any) -> list[str]:
+    """The requests of a scheduled step whose prompt it completes (schedule() has already
+    counted the step's tokens as computed): each samples a token in this step."""
+    reqs = scheduler.requests
+    return [
+        r
+        for r in scheduler_output.num_scheduled_tokens
+        if reqs[r].num_computed_tokens >= reqs[r].num_prompt_tokens
+    ]
+
+
 def model_output(
     scheduler_output: Any, sampled: dict[str, int], saved: frozenset[str] = frozenset()
 ) -> Any:

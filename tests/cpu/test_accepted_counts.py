@@ -119,13 +119,7 @@ def test_no_step_of_an_extraction_schedules_a_draft_token(shim):
         assert steps < 200, "the requests did not finish"
         out = scheduler.schedule()
         assert not out.scheduled_spec_decode_tokens
-        reqs = scheduler.requests
-        done = [
-            r
-            for r in out.num_scheduled_tokens
-            if reqs[r].num_computed_tokens >= reqs[r].num_prompt_tokens
-        ]
-        in_flight.append((out, {r: 7 for r in done}))
+        in_flight.append((out, dict.fromkeys(planning.prompts_done(scheduler, out), 7)))
         while len(in_flight) == 2 or (in_flight and not out.total_num_scheduled_tokens):
             step, sampled = in_flight.popleft()
             # vLLM >= 0.22's connector holds a finished request's blocks until its save is done

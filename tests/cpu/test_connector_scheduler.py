@@ -34,12 +34,7 @@ def _run(scheduler, req):
     for _ in range(10):
         out = scheduler.schedule()
         saves.append(list(out.kv_connector_metadata.saves))
-        # schedule() has already advanced num_computed_tokens by this step's tokens.
-        done = {
-            r
-            for r in out.num_scheduled_tokens
-            if scheduler.requests[r].num_computed_tokens >= scheduler.requests[r].num_prompt_tokens
-        }
+        done = planning.prompts_done(scheduler, out)
         block_ids = scheduler.kv_cache_manager.get_block_ids(req.request_id)
         results = scheduler.update_from_output(out, model_output(out, {r: 7 for r in done}))
         outputs = [o for eco in results.values() for o in eco.outputs]

@@ -112,11 +112,7 @@ def test_scheduler_never_hands_out_more_than_the_pool(shim):
         assert len(used) == len(set(used))
         assert all(0 < b < kv.num_blocks for b in used)  # 0 is the null block
         most_used = max(most_used, len(used))
-        done = {
-            r: 7
-            for r in out.num_scheduled_tokens
-            if scheduler.requests[r].num_computed_tokens >= len(prompts[r])
-        }
+        done = dict.fromkeys(planning.prompts_done(scheduler, out), 7)
         # A connector that delays freeing (vLLM >= 0.22) hears "saved" for last step's finishers.
         saved = frozenset(r for r in last if r in scheduler.requests)
         scheduler.update_from_output(out, model_output(out, done, saved))

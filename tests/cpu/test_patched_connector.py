@@ -26,17 +26,13 @@ pytestmark = [
 IDS = (2, 5, 8)
 
 
-def _steps(scheduler, req_id: str, prompt_len: int):
+def _steps(scheduler, req_id: str):
     """Schedule to completion: the connector metadata of each step and the request's output."""
     metas = []
     for _ in range(20):
         out = scheduler.schedule()
         metas.append(out.kv_connector_metadata)
-        done = {
-            r
-            for r in out.num_scheduled_tokens
-            if scheduler.requests[r].num_computed_tokens >= prompt_len
-        }
+        done = planning.prompts_done(scheduler, out)
         block_ids = scheduler.kv_cache_manager.get_block_ids(req_id)
         results = scheduler.update_from_output(out, model_output(out, {r: 7 for r in done}))
         outputs = [o for eco in results.values() for o in eco.outputs]
@@ -68,7 +64,7 @@ def test_a_chunked_prompt_gives_one_complete_file_from_the_hidden_group(tmp_path
 
     prompt = list(range(1, 1300))
     scheduler.add_request(request("long", prompt))
-    metas, output, block_ids = _steps(scheduler, "long", len(prompt))
+    metas, output, block_ids = _steps(scheduler, "long")
 
     saves = [m.requests for m in metas]
     assert len(saves) >= 2 and all(not s for s in saves[:-1])  # nothing before the last chunk
