@@ -36,7 +36,7 @@ from packaging.version import InvalidVersion, Version
 CHUNK_BYTES = 64 << 20
 FLOAT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 HS_NAME = re.compile(r"^hs_(\d+)\.safetensors$")
-REJECTED = ".rejected"  # `<path>.rejected`: why there is no file (vllm_patches/writer.py)
+REJECTED = ".rejected"  # `<path>.rejected`: why there is no file (vllm_patches/provenance_meta.py)
 EXAMPLES = 5  # token indices quoted per problem
 
 

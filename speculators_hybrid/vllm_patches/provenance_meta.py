@@ -8,8 +8,10 @@ a file with NaN/Inf or all-zero token rows is not written; `<path>.rejected` say
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 from speculators_hybrid import switches
@@ -53,11 +55,29 @@ def _first(mask: torch.Tensor, n: int = 8) -> str:
     return ", ".join(map(str, rows[:n])) + (f" (+{len(rows) - n} more)" if len(rows) > n else "")
 
 
+REJECTED = ".rejected"  # `<path>.rejected`: why there is no file
+
+
+def leave_marker(path: str, reason: str) -> bool:
+    """`<path>.rejected` saying `reason`, whole or not at all: the scheduler may read it while
+    a writer thread makes it. False where the folder takes no file (full, read-only, gone)."""
+    marker = f"{path}{REJECTED}"
+    part = f"{marker}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        with open(part, "w") as out:
+            out.write(reason)
+        os.replace(part, marker)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        return False
+
+
 def refuse(path: str, problem: str) -> None:
     """Leave `<path>.rejected` with the reason instead of the file."""
     logger.error("speculators-hybrid: refusing %s: %s", path, problem)
-    with open(f"{path}.rejected", "w") as marker:
-        marker.write(problem)
+    leave_marker(path, problem)
 
 
 def provenance(vllm_config: VllmConfig) -> dict[str, str]:

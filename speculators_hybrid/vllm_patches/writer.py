@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any
 
 from speculators_hybrid import switches
-from speculators_hybrid.vllm_patches.provenance_meta import save_whole
+from speculators_hybrid.vllm_patches.provenance_meta import REJECTED, leave_marker, save_whole
 
 if TYPE_CHECKING:  # importable without torch: the launcher reads ASYNC_ENV
     import torch
@@ -154,7 +154,6 @@ def _write(
 _failures: OrderedDict[str, str] = OrderedDict()
 _failures_lock = threading.Lock()
 MAX_FAILURES = 4096
-REJECTED = ".rejected"  # `<path>.rejected`: why there is no file (the guard's marker too)
 
 
 def report_failure(path: str, exc: BaseException, record: bool = False) -> str:
@@ -167,11 +166,7 @@ def report_failure(path: str, exc: BaseException, record: bool = False) -> str:
             _failures[path] = reason
             while len(_failures) > MAX_FAILURES:
                 _failures.popitem(last=False)
-    try:
-        with open(f"{path}{REJECTED}", "w") as marker:
-            marker.write(reason)
-    except OSError:
-        pass  # a full, read-only or vanished folder: the log line (and the record) say it
+    leave_marker(path, reason)  # where the folder takes none, the log line (and record) say it
     return reason
 
 

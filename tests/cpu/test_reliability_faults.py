@@ -242,6 +242,19 @@ def test_a_failing_writer_thread_releases_the_lock_and_the_pool_writes_on(tmp_pa
     assert load_file(good)["token_ids"].tolist() == [0, 1]
 
 
+def test_a_marker_the_folder_cannot_take_whole_is_not_left(tmp_path):
+    """The scheduler reads `<path>.rejected` while a writer thread may be making it (or the
+    disk fills under it): it finds the whole reason or none, never a part of one."""
+    path = str(tmp_path / "full.safetensors")
+    with file_size_limit(16):  # the reason is longer: its write stops part way
+        reason = writer.report_failure(path, OSError(28, "No space left on device"))
+    assert "No space left on device" in reason
+    assert writer.take_failure(path) is None
+    assert os.listdir(tmp_path) == []  # no marker, no part of one
+    writer.report_failure(path, OSError(28, "No space left on device"))
+    assert writer.take_failure(path) == reason
+
+
 # ---- vLLM >= 0.22: vLLM's own connector (with hidden-states-provenance's write aside) ----
 
 
