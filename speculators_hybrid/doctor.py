@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from unittest.mock import patch
 
-from speculators_hybrid import planning
+from speculators_hybrid import planning, support
 
 GIB = 1 << 30
 SCHEMA = 1
@@ -352,8 +352,27 @@ def run(
     return 0 if out["plans"][-1]["ok"] else 1
 
 
+def untested(vllm: str | None) -> str:
+    """What to say of a vLLM release the matrix does not run ('' for one it runs)."""
+    if vllm in support.VLLM:
+        return ""
+    return (
+        f"vLLM {vllm} is not a release speculators-hybrid is tested on "
+        f"({support.tested_range()}); use one of those. "
+    )
+
+
 def verdict(out: dict[str, Any]) -> str:
-    """One line: does extraction plan here, what one max-length request costs, and stock's."""
+    """One line: does extraction plan here, what one max-length request costs, and stock's;
+    on a release the matrix does not run, that first (a failure may be ours, not vLLM's)."""
+    plain, _, shim = out["plans"]
+    note = untested(out["vllm_version"])
+    if note and not shim["ok"]:
+        return f"{note}Here: {plain['error'] if not plain['ok'] else shim['error']}"
+    return note + plan_verdict(out)
+
+
+def plan_verdict(out: dict[str, Any]) -> str:
     plain, stock, shim = out["plans"]
     vllm, length = out["vllm_version"], out["setup"]["max_model_len"]
     if not plain["ok"]:

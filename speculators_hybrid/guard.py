@@ -34,12 +34,11 @@ class ExtractionRefused(RuntimeError):
 
 
 def message(error: Any, version: str | None) -> str:
-    first, last = next(iter(support.VLLM)), next(reversed(support.VLLM))
     return (
         f"speculators-hybrid: hidden-state extraction from a hybrid model refused on vLLM "
         f"{version}: {error.short()}, so nothing was patched. Install a tested vLLM release "
-        f"({first} to {last}), or set SPECULATORS_HYBRID_DISABLE=1 if this vLLM fixes hybrid "
-        "extraction itself."
+        f"({support.tested_range()}), or set SPECULATORS_HYBRID_DISABLE=1 if this vLLM fixes "
+        "hybrid extraction itself."
     )
 
 

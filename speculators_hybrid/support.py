@@ -34,6 +34,12 @@ VLLM: dict[str, str] = {
     "0.33.0": FULL,
 }
 
+
+def tested_range() -> str:
+    """The vLLM releases the matrix runs, as a user reads them: '0.20.0 to 0.33.0'."""
+    return f"{next(iter(VLLM))} to {next(reversed(VLLM))}"
+
+
 # speculators releases, each tested beside this vLLM.
 SPECULATORS: tuple[str, ...] = ("0.5.0", "0.7.0", "0.8.1", "0.9.0")
 SPECULATORS_VLLM = "0.20.1"

@@ -94,6 +94,21 @@ def test_doctor_without_vllm_says_to_install_it(configs):
     assert "vLLM is not installed for this Python" in one_line_error(done, "doctor")
 
 
+def test_doctor_on_an_untested_vllm_says_so_before_any_failure():
+    from speculators_hybrid import doctor, support
+
+    last = next(reversed(support.VLLM))
+    failed = {"ok": False, "error": "RuntimeError: this CPU cannot plan it"}
+    out = {"vllm_version": "99.0.0", "setup": {"max_model_len": 8192}}
+    out["plans"] = [failed, failed, failed]
+    said = doctor.verdict(out)
+    assert said.startswith("vLLM 99.0.0 is not a release speculators-hybrid is tested on (")
+    assert f" to {last}); use one of those. Here: RuntimeError: this CPU cannot plan it" in said
+    # A tested release that cannot plan the model: the finding is about vLLM, as before.
+    said = doctor.verdict({**out, "vllm_version": last})
+    assert said == f"vLLM {last} cannot plan this model even without extraction (above)."
+
+
 def test_launch_dry_run_says_it_runs_nothing(configs):
     done, _ = cli("launch", str(configs["hybrid-text"]), "--dry-run")
     assert done.returncode == 0, done.stderr
