@@ -75,7 +75,7 @@ def refusal(model_type: str, vllm: str | None) -> str | None:
             release = Version(Version(vllm or "").base_version)
         except InvalidVersion:
             return None
-        if family.extracts_on(str(release)) or release < Version(min(support.VLLM, key=Version)):
+        if family.extracts_on(str(release)) or release < Version(support.OLDEST):
             return None  # before the matrix's first release: unknown (launch warns of age)
     who = f"vLLM {vllm}'s" if vllm else "vLLM's"
     why = (
@@ -84,6 +84,5 @@ def refusal(model_type: str, vllm: str | None) -> str | None:
         "fail after loading the weights"
     )
     if family.first is None:
-        newest = list(support.VLLM)[-1]
-        return f"{why}; no vLLM release up to {newest} adds them for {model_type}"
+        return f"{why}; no vLLM release up to {support.NEWEST} adds them for {model_type}"
     return f"{why}; the first release that has them is vLLM {family.first}"

@@ -33,11 +33,12 @@ VLLM: dict[str, str] = {
     "0.32.0": DECISIVE,
     "0.33.0": FULL,
 }
+OLDEST, NEWEST = next(iter(VLLM)), next(reversed(VLLM))  # VLLM is in release order
 
 
 def tested_range() -> str:
     """The vLLM releases the matrix runs, as a user reads them: '0.20.0 to 0.33.0'."""
-    return f"{next(iter(VLLM))} to {next(reversed(VLLM))}"
+    return f"{OLDEST} to {NEWEST}"
 
 
 # speculators releases, each tested beside this vLLM.

@@ -97,7 +97,7 @@ def test_doctor_without_vllm_says_to_install_it(configs):
 def test_doctor_on_an_untested_vllm_says_so_before_any_failure():
     from speculators_hybrid import doctor, support
 
-    last = next(reversed(support.VLLM))
+    last = support.NEWEST
     failed = {"ok": False, "error": "RuntimeError: this CPU cannot plan it"}
     out = {"vllm_version": "99.0.0", "setup": {"max_model_len": 8192}}
     out["plans"] = [failed, failed, failed]

@@ -26,6 +26,17 @@ def test_tox_ini_and_every_lock_are_up_to_date():
     assert _matrix().problems() == []
 
 
+def test_the_releases_are_listed_in_release_order():
+    """support.OLDEST / NEWEST and the tables' ranges read the list in its order."""
+    from packaging.version import Version
+
+    assert list(support.VLLM) == sorted(support.VLLM, key=Version)
+    assert (support.OLDEST, support.NEWEST) == (
+        min(support.VLLM, key=Version),
+        max(support.VLLM, key=Version),
+    )
+
+
 def test_every_release_has_an_env_that_installs_it_from_its_lock():
     matrix = _matrix()
     for release in support.VLLM:
