@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -98,11 +100,21 @@ IDS = (2, 32, 61, 64)  # speculators' default for 64 layers: [2, n//2, n-3, n]
 MEMORY = 1 << 40  # planning only: enough for one 262,144-token request either way
 
 
+SCRATCH = Path(tempfile.mkdtemp(prefix="spec-hybrid-tests-"))  # model folders, for the session
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(SCRATCH, ignore_errors=True)
+
+
+def scratch(prefix: str) -> Path:
+    """A new folder under SCRATCH (removed with the session)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=SCRATCH))
+
+
 @cache
 def model_dir(preset: str, multimodal: bool = True) -> str:
-    import tempfile
-
-    root = Path(tempfile.mkdtemp(prefix="spec-hybrid-"))
+    root = scratch("model-")
     return str(write_config(root / preset, preset, multimodal))
 
 

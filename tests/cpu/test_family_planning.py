@@ -23,10 +23,9 @@ test checks that this block is all of that plan's excess, so any other overhead 
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 
 import pytest
-from conftest import NO_CHUNKED_PREFILL, set_shim
+from conftest import NO_CHUNKED_PREFILL, scratch, set_shim
 
 from speculators_hybrid import families, planning
 from speculators_hybrid.family_presets import PRESETS, write_family_config
@@ -43,9 +42,7 @@ TARGET = 1.05
 
 @cache
 def _dir(name: str) -> str:
-    import tempfile
-
-    return str(write_family_config(Path(tempfile.mkdtemp(prefix="spec-hybrid-")) / name, name))
+    return str(write_family_config(scratch("family-") / name, name))
 
 
 def _ids(name: str) -> tuple[int, ...]:

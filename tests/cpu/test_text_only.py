@@ -11,10 +11,17 @@ import copy
 import json
 from collections.abc import Iterator
 from functools import cache
-from pathlib import Path
 
 import pytest
-from conftest import MEMORY, NO_CHUNKED_PREFILL, PATCHED_VLLM, PATCHER, needs, vllm_patches
+from conftest import (
+    MEMORY,
+    NO_CHUNKED_PREFILL,
+    PATCHED_VLLM,
+    PATCHER,
+    needs,
+    scratch,
+    vllm_patches,
+)
 
 from speculators_hybrid import launch, planning
 from speculators_hybrid.model_registration import REGISTRAR, upstream_has
@@ -45,9 +52,7 @@ def moe_config() -> dict:
 
 @cache
 def model_dir(kind: str) -> str:
-    import tempfile
-
-    folder = Path(tempfile.mkdtemp(prefix=f"spec-hybrid-{kind}-"))
+    folder = scratch(f"{kind}-")
     if kind == "moe":
         (folder / "config.json").write_text(json.dumps(moe_config()))
         return str(folder)

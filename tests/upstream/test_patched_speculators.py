@@ -34,7 +34,7 @@ from packaging.version import Version
 from tiny_models import ONE_PLUS_W, build, transformers_norm, write_verifier
 print("FROM", speculators.__file__)
 algorithms = ("eagle3", "dflash") if Version(sys.argv[1]) >= Version("0.6.0") else ("eagle3",)
-root = Path(tempfile.mkdtemp())
+root = Path(tempfile.mkdtemp(dir=".")).resolve()  # under the test's tmp_path
 for model_type in ONE_PLUS_W + ("qwen3", "llama"):
     path, weight = write_verifier(root, model_type)
     reference = transformers_norm(model_type if model_type in ONE_PLUS_W else "qwen3", weight)
@@ -54,7 +54,11 @@ def test_patched_source_gives_the_verifiers_own_norm(tmp_path):
     assert VERSION is not None
     copy, env = patched("speculators", tmp_path / "src", REPO / "tests" / "speculators")
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, VERSION], env=env, capture_output=True, text=True
+        [sys.executable, "-c", PROBE, VERSION],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     lines = done.stdout.splitlines()
@@ -76,7 +80,7 @@ version = Version(sys.argv[1])
 algorithms = ("eagle3", "dflash") if version >= Version("0.6.0") else ("eagle3",)
 # speculators 0.5.0 asks for exactly model.norm.weight: no Falcon-H1 (final_layernorm) verifier
 families = ("granitemoehybrid",) + (("falcon_h1",) if version >= Version("0.6.0") else ())
-root = Path(tempfile.mkdtemp())
+root = Path(tempfile.mkdtemp(dir=".")).resolve()  # under the test's tmp_path
 warnings.simplefilter("ignore")
 for model_type in families:
     path, model = write_family(root, model_type)
@@ -103,7 +107,11 @@ def test_patched_source_gives_the_verifiers_own_logits(tmp_path):
     assert VERSION is not None
     copy, env = patched("speculators", tmp_path / "src", REPO / "tests" / "speculators")
     done = subprocess.run(
-        [sys.executable, "-c", LOGIT_PROBE, VERSION], env=env, capture_output=True, text=True
+        [sys.executable, "-c", LOGIT_PROBE, VERSION],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     lines = done.stdout.splitlines()
@@ -121,7 +129,7 @@ from speculators.train.cli import create_transformer_layer_config
 from tiny_models import HYBRID, family_eps, write_family
 print("FROM", speculators.__file__)
 print("FAMILIES", len(HYBRID))
-root = Path(tempfile.mkdtemp())
+root = Path(tempfile.mkdtemp(dir=".")).resolve()  # under the test's tmp_path
 warnings.simplefilter("ignore")
 for model_type in HYBRID:
     path, model = write_family(root, model_type)
@@ -140,7 +148,11 @@ def test_patched_source_builds_the_draft_config_with_the_verifiers_eps(tmp_path)
     assert VERSION is not None
     copy, env = patched("speculators", tmp_path / "src", REPO / "tests" / "speculators")
     done = subprocess.run(
-        [sys.executable, "-c", DRAFT_PROBE], env=env, capture_output=True, text=True
+        [sys.executable, "-c", DRAFT_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     lines = done.stdout.splitlines()
