@@ -598,8 +598,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--plugin",
         choices=("on", "off"),
-        default="off" if os.environ.get("SPECULATORS_HYBRID_DISABLE") == "1" else "on",
-        help="off: SPECULATORS_HYBRID_DISABLE=1 in the engines (default: from that variable)",
+        default="off" if os.environ.get(DISABLE) == "1" else "on",
+        help=f"off: {DISABLE}=1 in the engines (default: from that variable)",
     )
     ap.add_argument("--engine-timeout", type=float, help=f"seconds per engine; {per_size}")
     ap.add_argument("--file-timeout", type=float, help=f"seconds to wait for files; {per_size}")
