@@ -2,10 +2,11 @@
 
 Why: with a speculative config (extraction runs one) and a hybrid target, vLLM copies each
 step's accepted-token counts to the host after sampling, and the next step's input preparation
-waits for that copy, that is for the whole previous step on the GPU. Async scheduling prepares
-step N+1 while step N runs; the wait throws that lead away and the GPU idles while the host
-finishes the preparation: 0.27 s of a 11.4 s pass (49 gaps of 1-16 ms, 131,072 tokens,
-Qwen3.6-27B-like on an H200, vLLM 0.20.1; benchmarks/results/). Extraction is all prefill.
+waits for that copy, that is for the whole previous step on the GPU, where async scheduling
+would prepare step N+1 while step N runs. Extraction is all prefill. Measured at the real size
+(H200, vLLM 0.20.1, benchmarks/results/2026-12-04-vllm0.20.1-real-size-accepted-count/): no
+gain side by side (eager 0.980x plain with it, 0.981x without), so the GPU's idle gaps in
+extraction wait for something else; kept as upstream's behaviour from 0.24.0 on.
 How: a step that scheduled no draft token samples one token per request, so every count it
 copies is 1; where the host already holds 1 for every request of the batch the copy changes
 nothing, so it is skipped (no copy, no event, nothing to wait for). Steps with draft tokens (a
