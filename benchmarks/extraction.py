@@ -17,7 +17,9 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
   caching off, or in one-layer groups);
 - extract-prefill-only: extract with SPECULATORS_HYBRID_PREFILL_ONLY=1 (no spare state block);
 - extract-accepted-wait: extract with vLLM's accepted-count wait kept (vLLM 0.20-0.23:
-  SPECULATORS_HYBRID_DISABLED_PATCHES=no-accepted-count-wait-in-prefill), to measure that patch.
+  SPECULATORS_HYBRID_DISABLED_PATCHES=no-accepted-count-wait-in-prefill), to measure that patch;
+- extract-save-file: extract with the files written by safetensors' `save_file`
+  (SPECULATORS_HYBRID_SAFETENSORS_SAVE=1), to measure our GIL-free writer against it.
 
 Workloads: `fixed` (N prompts x L tokens), `chat` (N prompts, seeded log-uniform lengths
 of 100-8,000 tokens) or `shared-prefix` (N prompts x L tokens whose first `--shared-prefix-len`
@@ -60,6 +62,9 @@ from speculators_hybrid.models import PRESETS  # noqa: E402
 from speculators_hybrid.switches import DISABLE, DISABLED_PATCHES  # noqa: E402
 from speculators_hybrid.versions import installed  # noqa: E402
 from speculators_hybrid.vllm_patches.prefill_only import ENV as PREFILL_ENV  # noqa: E402
+from speculators_hybrid.vllm_patches.provenance_meta import (  # noqa: E402
+    SAFETENSORS_SAVE_ENV as SAFETENSORS_SAVE,
+)
 from speculators_hybrid.vllm_patches.wide_hidden import WIDE_ENV  # noqa: E402
 from speculators_hybrid.vllm_patches.writer import ASYNC_ENV as ASYNC_WRITES  # noqa: E402
 
@@ -93,6 +98,7 @@ MODES = (
     "extract-onelayer",
     "extract-prefill-only",
     "extract-accepted-wait",
+    "extract-save-file",
 )
 # The environment each extraction mode adds to the engine's (the opt-in switches of the plugin).
 MODE_ENV: dict[str, dict[str, str]] = {
@@ -102,6 +108,7 @@ MODE_ENV: dict[str, dict[str, str]] = {
     "extract-prefill-only": {PREFILL_ENV: "1"},  # no spare state block
     # vLLM's accepted-count wait kept (vLLM 0.20-0.23)
     "extract-accepted-wait": {DISABLED_PATCHES: "no-accepted-count-wait-in-prefill"},
+    "extract-save-file": {SAFETENSORS_SAVE: "1"},  # safetensors' save_file writes the files
 }
 WORKLOADS = ("fixed", "chat", "shared-prefix")
 SHARED_PREFIX = 1000  # tokens of the shared-prefix workload's common system prompt

@@ -5,9 +5,12 @@ renamed); vLLM >= 0.22's do the same through safetensors. After a pass's last en
 the files of that step are written with nothing left to overlap them, so how fast N files
 go to disk side by side bounds that tail. For each thread count this writes
 `--files-per-thread` files per thread of `--file-mb` each (bf16 [tokens, 4, 5120] by default:
-a 2,048-token file at Qwen3.6-27B size is 84 MB), through `save_whole` and through one plain
-`write` of the same bytes, and reports GB/s together and seconds per file. Files are
-deleted after each run; "written" means in the page cache, as in the extraction benchmark.
+a 2,048-token file at Qwen3.6-27B size is 84 MB), through `save_whole`, through safetensors'
+own `save_file` and through one plain `write` of the same bytes, and reports GB/s together and
+seconds per file. Meanwhile the main thread, as vLLM's engine thread would, runs a tiny op in a
+loop: its longest wait and its waits of 1 ms or more summed say how long the writers held the
+GIL. Files are deleted after each run; "written" means in the page cache, as in the extraction
+benchmark.
 
     python benchmarks/host_write.py --folder /tmp/hw --threads 1 2 4 8 --out result.json
 """
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-HOW = ("save_whole", "write")
+HOW = ("save_whole", "save_file", "write")
 ROW_BYTES = 4 * 5120 * 2  # one token of 4 ids at hidden 5120, bf16
 
 
@@ -40,6 +43,10 @@ def one_file(path: str, tensor: Any, how: str) -> float:
     start = time.perf_counter()
     if how == "save_whole":
         save_whole(path, {"hidden_states": tensor}, None)
+    elif how == "save_file":
+        from safetensors.torch import save_file
+
+        save_file({"hidden_states": tensor}, path)
     else:
         with open(path, "wb") as f:
             f.write(tensor.view(-1).view(torch.uint8).numpy().data)
@@ -52,11 +59,12 @@ def side_by_side(folder: Path, threads: int, files: int, tensors: list[Any], how
     paths = [str(folder / f"f{i}.safetensors") for i in range(files)]
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
-        each = list(
-            pool.map(
-                one_file, paths, [tensors[i % len(tensors)] for i in range(files)], [how] * files
-            )
-        )
+        futures = [
+            pool.submit(one_file, path, tensors[i % len(tensors)], how)
+            for i, path in enumerate(paths)
+        ]
+        waits = main_thread_waits(lambda: all(f.done() for f in futures))
+        each = [f.result() for f in futures]
     seconds = time.perf_counter() - start
     written = sum(os.path.getsize(p) for p in paths)
     shutil.rmtree(folder)
@@ -68,6 +76,24 @@ def side_by_side(folder: Path, threads: int, files: int, tensors: list[Any], how
         "gb_per_s": written / seconds / 1e9,
         "mean_file_s": statistics.mean(each),
         "max_file_s": max(each),
+        **waits,
+    }
+
+
+def main_thread_waits(finished: Any) -> dict[str, float]:
+    """Run a tiny op in a loop until `finished()`; the longest gap between two of them and the
+    gaps of 1 ms or more summed, in ms."""
+    import torch
+
+    gaps, last = [], time.perf_counter()
+    while not finished():
+        torch.ones(8).add_(1)
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    return {
+        "main_thread_max_wait_ms": max(gaps, default=0.0) * 1e3,
+        "main_thread_waits_over_1ms_ms": sum(g for g in gaps if g >= 1e-3) * 1e3,
     }
 
 

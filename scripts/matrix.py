@@ -116,8 +116,11 @@ def envs() -> list[Env]:
         Env(
             "check",
             PACKAGE + TEST + ("torch", "datasets>=4"),
-            (f"{PYTEST} {{posargs:tests/unit/test_check.py tests/unit/test_run.py}}",),
-            "`check` and `run` alone: torch + datasets, no vLLM, no speculators",
+            (
+                f"{PYTEST} {{posargs:tests/unit/test_check.py tests/unit/test_safetensors_write.py "
+                "tests/unit/test_run.py}",
+            ),
+            "`check`, `run` and the file writer alone: torch + datasets, no vLLM, no speculators",
         )
     )
     out.append(

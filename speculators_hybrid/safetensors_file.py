@@ -1,4 +1,5 @@
-"""A safetensors file read with numpy alone (no torch): header, metadata and row slices.
+"""A safetensors file read with numpy alone (no torch): header, metadata and row slices; and
+`write`, which writes one from torch tensors in host memory with the GIL free for the bytes.
 
 The format: 8 bytes, the little-endian length N of a JSON header; the header, tensor name ->
 dtype, shape and `data_offsets` [begin, end) into the data after it, plus `__metadata__`; the
@@ -6,6 +7,11 @@ data. `check` reads hidden-state files through this so it starts in well under a
 took ~20 s to import), reads rows as memory-mapped slices, and says plainly what is wrong with a
 file that is not safetensors or is cut short. bfloat16 and the float8 formats, which numpy
 lacks, come back as float32 (exactly: every value of them is a float32 value).
+
+Why `write` and not safetensors' `save_file`: the writer threads of a vLLM engine share the GIL
+with its engine thread, and `save_file` holds it while it serialises in releases before 0.8, so
+the engine thread, which launches the GPU's work, waits for each 84 MB file. `write` builds the
+header in Python and hands the tensors' own memory to `write(2)`, which runs without the GIL.
 """
 
 from __future__ import annotations
@@ -36,6 +42,23 @@ NUMPY = {
     "BOOL": "?",
 }
 MAX_HEADER = 100 << 20  # the limit safetensors itself sets
+DTYPE = {  # torch dtype (as str() names it) -> safetensors dtype
+    "torch.float64": "F64",
+    "torch.float32": "F32",
+    "torch.float16": "F16",
+    "torch.bfloat16": "BF16",
+    "torch.float8_e4m3fn": "F8_E4M3",
+    "torch.float8_e5m2": "F8_E5M2",
+    "torch.int64": "I64",
+    "torch.int32": "I32",
+    "torch.int16": "I16",
+    "torch.int8": "I8",
+    "torch.uint8": "U8",
+    "torch.uint16": "U16",
+    "torch.uint32": "U32",
+    "torch.uint64": "U64",
+    "torch.bool": "BOOL",
+}
 
 
 class NotSafetensors(ValueError):
@@ -174,3 +197,32 @@ class SafetensorsFile:
 
     def get_tensor(self, name: str) -> np.ndarray:
         return self._tensors[name].all()
+
+
+def write(path: str, tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> None:
+    """Write torch CPU tensors to `path` as safetensors (what `safe_open` and `load_file` read).
+
+    The header is built here; each tensor's bytes go to the file from its own memory (no copy),
+    through `write(2)`, which releases the GIL. A dtype outside DTYPE raises ValueError.
+    """
+    import torch
+
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    views, offset = [], 0
+    for name, tensor in tensors.items():
+        if str(tensor.dtype) not in DTYPE:
+            raise ValueError(f"tensor {name!r}: no safetensors dtype for {tensor.dtype}")
+        raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        header[name] = {
+            "dtype": DTYPE[str(tensor.dtype)],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + raw.nbytes],
+        }
+        views.append(raw)
+        offset += raw.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors' own
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(text)) + text)
+        for raw in views:
+            handle.write(memoryview(raw))

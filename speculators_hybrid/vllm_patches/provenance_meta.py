@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
+SAFETENSORS_SAVE_ENV = "SPECULATORS_HYBRID_SAFETENSORS_SAVE"  # 1: files through save_file
 GUARD_ENV = "SPECULATORS_HYBRID_REFUSE_BAD"
 GUARD_KEY = "refuse_bad_hidden_states"  # in kv_connector_extra_config
 
@@ -109,19 +110,25 @@ def save_whole(
     """Write `path` aside, then rename it into place: no reader sees it incomplete.
 
     Aside is a folder of its own, `<path>.<pid>.part/`, next to `path` (one filesystem, so the
-    rename is atomic): whatever the writer leaves there (safetensors >= 0.8 writes its own
-    `.tmpXXXXXX` first) goes with the folder, here on failure, or by `file_names.sweep` at the
-    next start if the process was killed.
+    rename is atomic): whatever the writer leaves there goes with the folder, here on failure,
+    or by `file_names.sweep` at the next start if the process was killed. The bytes go out
+    through `safetensors_file.write` (the GIL free while they do); `SAFETENSORS_SAVE_ENV=1`
+    uses safetensors' own `save_file` instead (which writes its own `.tmpXXXXXX` first).
     """
     import shutil
 
-    from safetensors.torch import save_file
+    from speculators_hybrid import safetensors_file  # numpy: not for the launcher's imports
 
     aside = f"{path}.{os.getpid()}.part"
     os.makedirs(aside, exist_ok=True)
     try:
         inner = os.path.join(aside, "data")
-        save_file(tensors, inner, metadata=metadata)
+        if switches.on(SAFETENSORS_SAVE_ENV):
+            from safetensors.torch import save_file
+
+            save_file(tensors, inner, metadata=metadata)
+        else:
+            safetensors_file.write(inner, tensors, metadata)
         os.replace(inner, path)
     finally:
         shutil.rmtree(aside, ignore_errors=True)

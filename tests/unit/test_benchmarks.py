@@ -216,6 +216,7 @@ def test_instep_mode_extracts_with_writes_in_the_step(monkeypatch):
             "SPECULATORS_HYBRID_DISABLED_PATCHES",
             "no-accepted-count-wait-in-prefill",
         ),
+        ("extract-save-file", "SPECULATORS_HYBRID_SAFETENSORS_SAVE", "1"),
     ],
 )
 def test_layout_modes_differ_from_extract_by_one_variable(monkeypatch, mode, variable, value):
