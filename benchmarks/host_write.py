@@ -98,6 +98,7 @@ def main_thread_waits(finished: Any) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import safetensors
     import torch
 
     rows = max(1, int(args.file_mb * 1e6) // ROW_BYTES)
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d"),
         "host": platform.node(),
         "cpus": os.cpu_count(),
+        "safetensors": safetensors.__version__,
         "folder": str(args.folder),
         "file_bytes": rows * ROW_BYTES,
         "runs": runs,
