@@ -22,7 +22,7 @@ def test_each_thread_count_writes_its_files_and_leaves_none(tmp_path):
     assert result["file_bytes"] == 12 * host_write.ROW_BYTES  # 0.5 MB in whole token rows
     assert all(r["gb_per_s"] > 0 and r["max_file_s"] >= r["mean_file_s"] for r in result["runs"])
     for r in result["runs"]:  # the main thread's longest wait for the GIL, within the run
-        assert 0 < r["main_thread_max_wait_ms"] <= r["seconds"] * 1e3
+        assert 0 <= r["main_thread_max_wait_ms"] <= r["seconds"] * 1e3  # 0: done before a look
     assert result["safetensors"].count(".") >= 1  # the version whose save_file was measured
     assert not (tmp_path / "hw" / "run").exists()
 
