@@ -53,7 +53,7 @@ def test_hidden_state_file_reads_back_with_our_reader(tmp_path):
         assert (f.get_tensor("token_ids") == ids.numpy()).all()
 
 
-def test_scalar_empty_strided_and_pinned_layouts(tmp_path):
+def test_scalar_empty_and_strided_tensors(tmp_path):
     strided = torch.arange(24, dtype=torch.float32).reshape(4, 6)[:, ::2]  # not contiguous
     tensors = {
         "scalar": torch.tensor(7, dtype=torch.int64),
