@@ -19,7 +19,9 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
 - extract-accepted-wait: extract with vLLM's accepted-count wait kept (vLLM 0.20-0.23:
   SPECULATORS_HYBRID_DISABLED_PATCHES=no-accepted-count-wait-in-prefill), to measure that patch;
 - extract-save-file: extract with the files written by safetensors' `save_file`
-  (SPECULATORS_HYBRID_SAFETENSORS_SAVE=1), to measure our GIL-free writer against it.
+  (SPECULATORS_HYBRID_SAFETENSORS_SAVE=1), to measure our GIL-free writer against it;
+- extract-unpaced: extract with each file's host copy queued whole from the step
+  (SPECULATORS_HYBRID_COPY_CHUNK_MIB=0, vLLM < 0.22), to measure the paced copies against it.
 
 Workloads: `fixed` (N prompts x L tokens), `chat` (N prompts, seeded log-uniform lengths
 of 100-8,000 tokens) or `shared-prefix` (N prompts x L tokens whose first `--shared-prefix-len`
@@ -61,6 +63,7 @@ from benchmarks import engine, trace_gaps  # noqa: E402
 from speculators_hybrid.models import PRESETS  # noqa: E402
 from speculators_hybrid.switches import DISABLE, DISABLED_PATCHES  # noqa: E402
 from speculators_hybrid.versions import installed  # noqa: E402
+from speculators_hybrid.vllm_patches.host_copy import CHUNK_ENV as COPY_CHUNK  # noqa: E402
 from speculators_hybrid.vllm_patches.prefill_only import ENV as PREFILL_ENV  # noqa: E402
 from speculators_hybrid.vllm_patches.provenance_meta import (  # noqa: E402
     SAFETENSORS_SAVE_ENV as SAFETENSORS_SAVE,
@@ -99,6 +102,7 @@ MODES = (
     "extract-prefill-only",
     "extract-accepted-wait",
     "extract-save-file",
+    "extract-unpaced",
 )
 # The environment each extraction mode adds to the engine's (the opt-in switches of the plugin).
 MODE_ENV: dict[str, dict[str, str]] = {
@@ -109,6 +113,7 @@ MODE_ENV: dict[str, dict[str, str]] = {
     # vLLM's accepted-count wait kept (vLLM 0.20-0.23)
     "extract-accepted-wait": {DISABLED_PATCHES: "no-accepted-count-wait-in-prefill"},
     "extract-save-file": {SAFETENSORS_SAVE: "1"},  # safetensors' save_file writes the files
+    "extract-unpaced": {COPY_CHUNK: "0"},  # host copies queued whole from the step
 }
 WORKLOADS = ("fixed", "chat", "shared-prefix")
 SHARED_PREFIX = 1000  # tokens of the shared-prefix workload's common system prompt

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 from speculators_hybrid.vllm_patches import writer
@@ -38,17 +39,20 @@ def _install(log: str) -> None:
         submitted[path] = time.time()
         submit(files, path, *a, **k)
 
-    def timed_write(path: str, host: Any, metadata: Any, ready: Any, lock: Any) -> None:
+    def timed_write(path: str, queued: Future, metadata: Any, lock: Any) -> None:
         started = time.time()
+        host, ready = queued.result()  # paced copies: once all pieces are queued
         if ready is not None:
             ready.synchronize()
         copied = time.time()
-        write(path, host, metadata, None, lock)
+        done: Future = Future()
+        done.set_result((host, None))
+        write(path, done, metadata, lock)
         entry = dict(path=path, submitted=submitted.pop(path, None), started=started)
         _record(log, dict(entry, copied=copied, written=time.time()))
 
     writer.FileWriter.submit = timed_submit  # type: ignore[method-assign,assignment]
-    writer._write = timed_write
+    writer._write = timed_write  # type: ignore[assignment]
 
 
 class TimelineConnector(HybridHiddenStatesConnector):

@@ -118,9 +118,10 @@ def envs() -> list[Env]:
             PACKAGE + TEST + ("torch", "datasets>=4"),
             (
                 f"{PYTEST} {{posargs:tests/unit/test_check.py tests/unit/test_safetensors_write.py "
-                "tests/unit/test_run.py}",
+                "tests/unit/test_host_copy.py tests/unit/test_run.py}",
             ),
-            "`check`, `run` and the file writer alone: torch + datasets, no vLLM, no speculators",
+            "`check`, `run`, the file writer and its copy pieces alone: torch + datasets, no vLLM, "
+            "no speculators",
         )
     )
     out.append(

@@ -25,6 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any
 
 from speculators_hybrid import switches
+from speculators_hybrid.vllm_patches import host_copy
 from speculators_hybrid.vllm_patches.provenance_meta import REJECTED, leave_marker, save_whole
 
 if TYPE_CHECKING:  # importable without torch: the launcher reads ASYNC_ENV
@@ -65,6 +66,7 @@ class FileWriter:
     """Writes files from writer threads; at most `max_pending` wait, then `submit` blocks."""
 
     def __init__(self, threads: int = THREADS, max_pending: int = 64) -> None:
+        self._chunk_bytes = host_copy.chunk_bytes()  # 0: copies queued whole from the step
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="speculators-hybrid-writer")
         self._pending: deque[Future[None]] = deque()
         self._max_pending = max_pending
@@ -76,10 +78,10 @@ class FileWriter:
         lock = open(f"{path}.lock", "a")  # noqa: SIM115 (closed by the writer thread)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            host, ready = _to_host(tensors)
+            copied = _to_host(tensors, self._chunk_bytes)
             while len(self._pending) >= self._max_pending:
                 self._pending.popleft().result()
-            self._pending.append(self._pool.submit(_write, path, host, metadata, ready, lock))
+            self._pending.append(self._pool.submit(_write, path, copied, metadata, lock))
         except BaseException:
             lock.close()  # never leave a reader waiting on a lock no writer will release
             raise
@@ -107,18 +109,23 @@ def _copy_stream(device: Any) -> Any:
     return _COPY_STREAMS[device]
 
 
-def _to_host(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:
-    """Host copies (pinned) and the event that marks them done.
+def _to_host(tensors: dict[str, torch.Tensor], chunk_bytes: int) -> Future[tuple[dict, Any]]:
+    """Host copies (pinned) and the event that marks them done, once queued.
 
-    The copies run on a stream of their own, after what the current stream has queued (the
-    gather), so the next forward does not wait behind about 84 MB per 2,048-token file;
-    `record_stream` keeps the gathered rows' memory from reuse until their copy is done.
+    Paced (host_copy.py) unless `chunk_bytes` is 0; then queued here whole, on a stream of their
+    own, after what the current stream has queued (the gather), so the next forward does not
+    wait behind about 84 MB per 2,048-token file; `record_stream` keeps the gathered rows'
+    memory from reuse until their copy is done.
     """
     import torch
 
+    copied: Future[tuple[dict, Any]] = Future()
     on_gpu = [t for t in tensors.values() if t.is_cuda]
     if not on_gpu:
-        return dict(tensors), None
+        copied.set_result((dict(tensors), None))
+        return copied
+    if chunk_bytes:
+        return host_copy.copier(on_gpu[0].device, chunk_bytes).submit(tensors)
     stream = _copy_stream(on_gpu[0].device)
     stream.wait_stream(torch.cuda.current_stream(on_gpu[0].device))
     host = {}
@@ -132,13 +139,13 @@ def _to_host(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor],
                 host[key] = tensor
         ready = torch.cuda.Event(blocking=True)  # the writer thread sleeps, does not spin
         ready.record(stream)
-    return host, ready
+    copied.set_result((host, ready))
+    return copied
 
 
-def _write(
-    path: str, host: dict[str, torch.Tensor], metadata: Any, ready: Any, lock: IO[str]
-) -> None:
+def _write(path: str, copied: Future[tuple[dict, Any]], metadata: Any, lock: IO[str]) -> None:
     try:
+        host, ready = copied.result()
         if ready is not None:
             ready.synchronize()
         save_whole(path, host, metadata)
