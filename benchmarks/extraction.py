@@ -20,8 +20,8 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
   SPECULATORS_HYBRID_DISABLED_PATCHES=no-accepted-count-wait-in-prefill), to measure that patch;
 - extract-save-file: extract with the files written by safetensors' `save_file`
   (SPECULATORS_HYBRID_SAFETENSORS_SAVE=1), to measure our GIL-free writer against it;
-- extract-unpaced: extract with each file's host copy queued whole from the step
-  (SPECULATORS_HYBRID_COPY_CHUNK_MIB=0, vLLM < 0.22), to measure the paced copies against it.
+- extract-paced: extract with each file's host copy paced in 8 MiB pieces
+  (SPECULATORS_HYBRID_COPY_CHUNK_MIB=8, vLLM < 0.22), to measure the pacing against extract.
 
 Workloads: `fixed` (N prompts x L tokens), `chat` (N prompts, seeded log-uniform lengths
 of 100-8,000 tokens) or `shared-prefix` (N prompts x L tokens whose first `--shared-prefix-len`
@@ -102,7 +102,7 @@ MODES = (
     "extract-prefill-only",
     "extract-accepted-wait",
     "extract-save-file",
-    "extract-unpaced",
+    "extract-paced",
 )
 # The environment each extraction mode adds to the engine's (the opt-in switches of the plugin).
 MODE_ENV: dict[str, dict[str, str]] = {
@@ -113,7 +113,7 @@ MODE_ENV: dict[str, dict[str, str]] = {
     # vLLM's accepted-count wait kept (vLLM 0.20-0.23)
     "extract-accepted-wait": {DISABLED_PATCHES: "no-accepted-count-wait-in-prefill"},
     "extract-save-file": {SAFETENSORS_SAVE: "1"},  # safetensors' save_file writes the files
-    "extract-unpaced": {COPY_CHUNK: "0"},  # host copies queued whole from the step
+    "extract-paced": {COPY_CHUNK: "8"},  # host copies paced in 8 MiB pieces
 }
 WORKLOADS = ("fixed", "chat", "shared-prefix")
 SHARED_PREFIX = 1000  # tokens of the shared-prefix workload's common system prompt

@@ -7,8 +7,8 @@ after 12 ms instead of 0.1 ms, 10-12 ms with the files cut into pieces queued at
 (benchmarks/copy_queue.py), and the GPU idles that long while the host waits: the profile's
 largest gaps (benchmarks/results/2026-12-04-vllm0.20.1-real-size-graphs-gaps).
 How: one thread per GPU queues the files' copies in pieces of `SPECULATORS_HYBRID_COPY_CHUNK_MIB`
-(default 8), at most WINDOW pieces at a time, so a small copy waits for two pieces (~0.3 ms)
-at most. 0 queues each tensor whole from the step, as before.
+(8 suggested), at most WINDOW pieces at a time, so a small copy waits for two pieces (~0.3 ms)
+at most. Off (0: each tensor queued whole from the step) until a GPU run has measured it.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ if TYPE_CHECKING:
     import torch
 
 CHUNK_ENV = "SPECULATORS_HYBRID_COPY_CHUNK_MIB"
-CHUNK_MIB = 8
+CHUNK_MIB = 0  # not yet run on a GPU: opt in with 8
+SUGGESTED_MIB = 8
 WINDOW = 2  # pieces queued at once: one copying, one ready to start
 
 
 def chunk_bytes() -> int:
-    """Bytes a piece from the variable (MiB, 0 = whole tensors, unpaced), else 8 MiB."""
+    """Bytes a piece from the variable (MiB, 0 = whole tensors, unpaced), else 0 (unpaced)."""
     raw = os.environ.get(CHUNK_ENV, "").strip() or str(CHUNK_MIB)
     try:
         mib = float(raw)

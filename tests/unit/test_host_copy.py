@@ -66,7 +66,7 @@ def test_the_window_waits_for_the_piece_queued_two_before():
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(None, 8 << 20), ("", 8 << 20), ("0", 0), ("16", 16 << 20), ("0.5", 1 << 19)],
+    [(None, 0), ("", 0), ("0", 0), ("16", 16 << 20), ("0.5", 1 << 19)],
 )
 def test_chunk_size_from_the_variable(monkeypatch, value, expected):
     if value is None:
