@@ -37,7 +37,9 @@ def chunk_bytes() -> int:
     except ValueError:
         mib = -1.0
     if not 0 <= mib < 1 << 20:
-        raise ValueError(f"{CHUNK_ENV} must be a number of MiB >= 0 (0: unpaced), got {raw!r}")
+        raise ValueError(
+            f"{CHUNK_ENV} must be a number of MiB from 0 (unpaced) to under 1048576, got {raw!r}"
+        )
     return int(mib * (1 << 20))
 
 
@@ -130,12 +132,13 @@ class PacedCopier:
         return host, ready
 
 
-_COPIERS: dict[Any, PacedCopier] = {}
+_COPIERS: dict[tuple[Any, int], PacedCopier] = {}  # (device, piece bytes) -> its copier
 _COPIERS_LOCK = threading.Lock()
 
 
 def copier(device: Any, nbytes: int) -> PacedCopier:
     with _COPIERS_LOCK:
-        if device not in _COPIERS:
-            _COPIERS[device] = PacedCopier(device, nbytes)
-        return _COPIERS[device]
+        key = (device, nbytes)
+        if key not in _COPIERS:
+            _COPIERS[key] = PacedCopier(device, nbytes)
+        return _COPIERS[key]

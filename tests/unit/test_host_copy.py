@@ -76,8 +76,8 @@ def test_chunk_size_from_the_variable(monkeypatch, value, expected):
     assert host_copy.chunk_bytes() == expected
 
 
-@pytest.mark.parametrize("value", ["-1", "four", "nan"])
+@pytest.mark.parametrize("value", ["-1", "four", "nan", "inf", "1048576"])
 def test_a_bad_chunk_size_says_what_to_set(monkeypatch, value):
     monkeypatch.setenv(host_copy.CHUNK_ENV, value)
-    with pytest.raises(ValueError, match=f"{host_copy.CHUNK_ENV} must be a number of MiB >= 0"):
+    with pytest.raises(ValueError, match=f"{host_copy.CHUNK_ENV} must be a number of MiB from 0"):
         host_copy.chunk_bytes()
