@@ -21,7 +21,8 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
 - extract-save-file: extract with the files written by safetensors' `save_file`
   (SPECULATORS_HYBRID_SAFETENSORS_SAVE=1), to measure our GIL-free writer against it;
 - extract-paced: extract with each file's host copy paced in 8 MiB pieces
-  (SPECULATORS_HYBRID_COPY_CHUNK_MIB=8, vLLM < 0.22), to measure the pacing against extract.
+  (SPECULATORS_HYBRID_COPY_CHUNK_MIB=8, vLLM < 0.22), to measure the pacing against extract;
+  extract-paced2: the same in 2 MiB pieces.
 
 Workloads: `fixed` (N prompts x L tokens), `chat` (N prompts, seeded log-uniform lengths
 of 100-8,000 tokens) or `shared-prefix` (N prompts x L tokens whose first `--shared-prefix-len`
@@ -103,6 +104,7 @@ MODES = (
     "extract-accepted-wait",
     "extract-save-file",
     "extract-paced",
+    "extract-paced2",
 )
 # The environment each extraction mode adds to the engine's (the opt-in switches of the plugin).
 MODE_ENV: dict[str, dict[str, str]] = {
@@ -114,6 +116,7 @@ MODE_ENV: dict[str, dict[str, str]] = {
     "extract-accepted-wait": {DISABLED_PATCHES: "no-accepted-count-wait-in-prefill"},
     "extract-save-file": {SAFETENSORS_SAVE: "1"},  # safetensors' save_file writes the files
     "extract-paced": {COPY_CHUNK: "8"},  # host copies paced in 8 MiB pieces
+    "extract-paced2": {COPY_CHUNK: "2"},  # in 2 MiB pieces
 }
 WORKLOADS = ("fixed", "chat", "shared-prefix")
 SHARED_PREFIX = 1000  # tokens of the shared-prefix workload's common system prompt

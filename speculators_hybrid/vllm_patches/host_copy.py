@@ -7,8 +7,10 @@ after 12 ms instead of 0.1 ms, 10-12 ms with the files cut into pieces queued at
 (benchmarks/copy_queue.py), and the GPU idles that long while the host waits: the profile's
 largest gaps (benchmarks/results/2026-12-04-vllm0.20.1-real-size-graphs-gaps).
 How: one thread per GPU queues the files' copies in pieces of `SPECULATORS_HYBRID_COPY_CHUNK_MIB`
-(8 suggested), at most WINDOW pieces at a time, so a small copy waits for two pieces (~0.3 ms)
-at most. Off (0: each tensor queued whole from the step) until a GPU run has measured it.
+(2 suggested), at most WINDOW pieces at a time, so a small copy waits for two pieces (0.2 ms on
+an H100) at most. Off by default (0: each tensor queued whole from the step): at 27B size on an
+H100 it wrote the same bytes at the same speed
+(benchmarks/results/2026-12-05-vllm0.20.1-real-size-h100-paced).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ if TYPE_CHECKING:
     import torch
 
 CHUNK_ENV = "SPECULATORS_HYBRID_COPY_CHUNK_MIB"
-CHUNK_MIB = 0  # not yet run on a GPU: opt in with 8
-SUGGESTED_MIB = 8
+CHUNK_MIB = 0  # measured: no gain end to end (module docstring)
+SUGGESTED_MIB = 2
 WINDOW = 2  # pieces queued at once: one copying, one ready to start
 
 

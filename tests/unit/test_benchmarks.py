@@ -218,6 +218,7 @@ def test_instep_mode_extracts_with_writes_in_the_step(monkeypatch):
         ),
         ("extract-save-file", "SPECULATORS_HYBRID_SAFETENSORS_SAVE", "1"),
         ("extract-paced", "SPECULATORS_HYBRID_COPY_CHUNK_MIB", "8"),
+        ("extract-paced2", "SPECULATORS_HYBRID_COPY_CHUNK_MIB", "2"),
     ],
 )
 def test_layout_modes_differ_from_extract_by_one_variable(monkeypatch, mode, variable, value):
