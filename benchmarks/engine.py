@@ -212,13 +212,24 @@ def sampling() -> Any:
 def timeline(log: Path, wall0: float, returned: float) -> dict[str, Any] | None:
     """With extract-timeline: each file's times (benchmarks/timeline.py) as seconds into the
     pass, summed up: when the last file was submitted, copied and written, and how long the
-    files waited for a writer thread, for their copy and for their write."""
+    files waited for a writer thread, for their copy and for their write; and the engine
+    thread's time in each timed call (`host`: calls, total and largest seconds)."""
     if not log.exists():
         return None
-    rows = [json.loads(line) for line in log.read_text().splitlines() if line]
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line]
     log.unlink()
+    rows = [r for r in lines if "call" not in r]
     if not rows or any(r["submitted"] is None for r in rows):
         return None
+    host: dict[str, dict[str, Any]] = {}
+    for r in lines:
+        if "call" in r:
+            h = host.setdefault(r["call"], dict(calls=0, total_s=0.0, max_s=0.0))
+            h.update(
+                calls=h["calls"] + 1,
+                total_s=h["total_s"] + r["host_s"],
+                max_s=max(h["max_s"], r["host_s"]),
+            )
 
     def last(key: str) -> float:
         return max(r[key] for r in rows) - wall0
@@ -235,6 +246,7 @@ def timeline(log: Path, wall0: float, returned: float) -> dict[str, Any] | None:
         mean_queue_s=mean("submitted", "started"),
         mean_copy_wait_s=mean("started", "copied"),
         mean_write_s=mean("copied", "written"),
+        host=host,
     )
 
 

@@ -10,8 +10,8 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
            file is complete (see `engine.py`);
 - extract-instep: extract with SPECULATORS_HYBRID_ASYNC_WRITES=0 (files written in the step);
 - extract-nofiles: extract with the file path cut off (benchmarks/nofiles.py, vLLM < 0.22);
-- extract-timeline: extract with each file's submit/copy/write times (benchmarks/timeline.py,
-  vLLM < 0.22), summed up per pass in the JSON;
+- extract-timeline: extract with each file's submit/copy/write times and the engine thread's
+  time in the step's parts (benchmarks/timeline.py, vLLM < 0.22), summed up per pass in the JSON;
 - extract-wide / extract-onelayer: extract with SPECULATORS_HYBRID_WIDE_HIDDEN=1 / =0 (the
   hidden states in one group as wide as the model's, the default on vLLM < 0.22 with prefix
   caching off, or in one-layer groups);

@@ -5,10 +5,16 @@
 started (a writer thread took it), copied (its host copy was done), written (renamed into
 place). `engine.py` reads them back per pass, so the time after the last engine step splits
 into waiting for the copy, writing, and `generate` noticing.
+
+It also records the engine thread's time in each call of the step's parts (HOST_TIMED: vLLM's
+model runner and proposer, our connector's save), nested as vLLM nests them: the host work
+between two steps is time the GPU waits once the host is held a launch queue ahead of it.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import threading
 import time
@@ -20,6 +26,17 @@ from speculators_hybrid.vllm_patches.connector import HybridHiddenStatesConnecto
 
 SUFFIX = ".timeline.jsonl"
 _lock = threading.Lock()
+RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+HOST_TIMED = (  # module:class, method (nested: execute_model holds _update_states, ...)
+    (RUNNER, "execute_model"),
+    (RUNNER, "_update_states"),
+    (RUNNER, "_prepare_inputs"),
+    (RUNNER, "_build_attention_metadata"),
+    (RUNNER, "sample_tokens"),
+    (RUNNER, "propose_draft_token_ids"),
+    ("vllm.v1.spec_decode.extract_hidden_states:ExtractHiddenStatesProposer", "propose"),
+    (f"{__name__}:TimelineConnector", "save_kv_layer"),
+)
 
 
 def _record(log: str, entry: dict[str, Any]) -> None:
@@ -53,6 +70,31 @@ def _install(log: str) -> None:
 
     writer.FileWriter.submit = timed_submit  # type: ignore[method-assign,assignment]
     writer._write = timed_write  # type: ignore[assignment]
+    for owner, method in HOST_TIMED:
+        _time_calls(log, owner, method)
+
+
+def _time_calls(log: str, owner: str, method: str) -> None:
+    """Record the host seconds of each call of `owner.method` (skipped where it is missing)."""
+    module, cls_name = owner.split(":")
+    try:
+        cls = getattr(importlib.import_module(module), cls_name, None)
+    except ImportError:
+        return
+    inner = getattr(cls, method, None)
+    if inner is None:
+        return
+    name = f"{cls_name}.{method}"
+
+    @functools.wraps(inner)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            _record(log, dict(call=name, host_s=time.perf_counter() - t0))
+
+    setattr(cls, method, timed)
 
 
 class TimelineConnector(HybridHiddenStatesConnector):

@@ -285,9 +285,16 @@ def test_a_timeline_is_summed_up_as_seconds_into_the_pass(tmp_path):
     rows = [
         dict(path="a", submitted=100.5, started=100.6, copied=100.7, written=101.0),
         dict(path="b", submitted=102.0, started=102.0, copied=102.2, written=102.6),
+        dict(call="GPUModelRunner.execute_model", host_s=0.25),
+        dict(call="GPUModelRunner.execute_model", host_s=0.5),
+        dict(call="TimelineConnector.save_kv_layer", host_s=0.125),
     ]
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
     got = engine.timeline(log, 100.0, 2.7)
+    assert got.pop("host") == {
+        "GPUModelRunner.execute_model": dict(calls=2, total_s=0.75, max_s=0.5),
+        "TimelineConnector.save_kv_layer": dict(calls=1, total_s=0.125, max_s=0.125),
+    }
     assert got == pytest.approx(
         dict(
             files=2,
