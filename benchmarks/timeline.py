@@ -74,17 +74,23 @@ def _install(log: str) -> None:
         _time_calls(log, owner, method)
 
 
+def owner_class(owner: str) -> Any:
+    """The class a HOST_TIMED owner ("module:Class") names; ImportError or AttributeError if
+    this vLLM has none."""
+    module, cls_name = owner.split(":")
+    return getattr(importlib.import_module(module), cls_name)
+
+
 def _time_calls(log: str, owner: str, method: str) -> None:
     """Record the host seconds of each call of `owner.method` (skipped where it is missing)."""
-    module, cls_name = owner.split(":")
     try:
-        cls = getattr(importlib.import_module(module), cls_name, None)
-    except ImportError:
+        cls = owner_class(owner)
+    except (ImportError, AttributeError):
         return
     inner = getattr(cls, method, None)
     if inner is None:
         return
-    name = f"{cls_name}.{method}"
+    name = f"{cls.__name__}.{method}"
 
     @functools.wraps(inner)
     def timed(*args: Any, **kwargs: Any) -> Any:

@@ -3,7 +3,6 @@ entry, its times in order, and the file is still written whole."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -25,8 +24,7 @@ def undo_afterwards(monkeypatch, timeline) -> None:
         monkeypatch.setattr(writer, name, getattr(writer, name, None), raising=False)
     monkeypatch.setattr(writer.FileWriter, "submit", writer.FileWriter.submit)
     for owner, method in timeline.HOST_TIMED:
-        module, cls_name = owner.split(":")
-        cls = getattr(importlib.import_module(module), cls_name)
+        cls = timeline.owner_class(owner)
         monkeypatch.setattr(cls, method, getattr(cls, method))
 
 
@@ -63,6 +61,5 @@ def test_every_timed_call_exists_and_is_timed(shim, tmp_path, monkeypatch):
     undo_afterwards(monkeypatch, timeline)
     async_connector(tmp_path / "files", kind=timeline.TimelineConnector)[0].shutdown()
     for owner, method in timeline.HOST_TIMED:
-        module, cls_name = owner.split(":")
-        timed = getattr(getattr(importlib.import_module(module), cls_name), method)
+        timed = getattr(timeline.owner_class(owner), method)
         assert hasattr(timed, "__wrapped__"), f"{owner}.{method} is not timed"
