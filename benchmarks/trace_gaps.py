@@ -3,8 +3,10 @@
 The kernel table of `--profile` says what ran, not when the GPU sat idle. This reads the trace
 of the profiled pass: GPU busy time is the union of all kernels (and memsets) over every
 stream, from the first to the last; each idle gap of at least `min_ms` is named by the CPU
-ranges (`record_function` annotations, then ops) open at its middle, innermost first, and the
-idle time is summed per innermost annotation. Device-to-host copies are reported apart: ours
+ranges (`record_function` annotations, then ops) open at its middle, innermost first, and by
+the kernels that end and start it, and the idle time is summed per innermost annotation. The
+host's time in each annotation (vLLM's `gpu_model_runner: preprocess`, `forward`, ...) is summed
+too, to compare two engines' host work per step. Device-to-host copies are reported apart: ours
 run on a stream of their own, beside the compute.
 
     python benchmarks/trace_gaps.py TRACE.json[.gz] [--min-ms 1]
@@ -64,10 +66,23 @@ def open_at(cpu: list[dict[str, Any]], times: list[float]) -> list[list[dict[str
     return found
 
 
+def host_by_annotation(cpu: list[dict[str, Any]], top: int) -> dict[str, dict[str, float]]:
+    """Calls and host seconds per `record_function` annotation, most seconds first."""
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "s": 0.0})
+    for e in cpu:
+        if e["cat"] == "user_annotation":
+            totals[e["name"]]["count"] += 1
+            totals[e["name"]]["s"] += e.get("dur", 0) / 1e6
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]["s"])[:top])
+
+
 def summary(events: list[dict[str, Any]], min_ms: float = 1.0, top: int = 15) -> dict[str, Any]:
     busy = union(spans(events, BUSY))
     if not busy:
         return {"error": "no GPU kernels in the trace"}
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in BUSY]
+    ending = {e["ts"] + e.get("dur", 0): e["name"] for e in kernels}
+    starting = {e["ts"]: e["name"] for e in kernels}
     copies = spans(events, (COPY,))
     cpu = sorted(
         (e for e in events if e.get("ph") == "X" and e.get("cat") in CPU), key=lambda e: e["ts"]
@@ -84,7 +99,13 @@ def summary(events: list[dict[str, Any]], min_ms: float = 1.0, top: int = 15) ->
         by_label[label]["count"] += 1
         by_label[label]["s"] += (end - start) / 1e6
         named.append(
-            {"at_s": (start - busy[0][0]) / 1e6, "ms": (end - start) / 1e3, "cpu": names[:4]}
+            {
+                "at_s": (start - busy[0][0]) / 1e6,
+                "ms": (end - start) / 1e3,
+                "cpu": names[:4],
+                "after_kernel": ending.get(start),
+                "before_kernel": starting.get(end),
+            }
         )
     window = busy[-1][1] - busy[0][0]
     busy_us = sum(end - start for start, end in busy)
@@ -98,6 +119,7 @@ def summary(events: list[dict[str, Any]], min_ms: float = 1.0, top: int = 15) ->
         "by_innermost_cpu_range": dict(sorted(by_label.items(), key=lambda kv: -kv[1]["s"])[:top]),
         "largest_gaps": sorted(named, key=lambda g: -g["ms"])[:top],
         "copies_s": sum(end - start for start, end in union(copies)) / 1e6,
+        "host_by_annotation": host_by_annotation(cpu, top),
     }
 
 

@@ -631,7 +631,8 @@ def trace_event(cat: str, name: str, ts: float, dur: float) -> dict:
 
 def test_trace_gaps_names_where_the_gpu_waited(tmp_path):
     """Kernels on two streams overlap (one busy span); the 5 ms gap is named by the CPU
-    ranges open at its middle, annotation first; the 0.5 ms gap is below 1 ms; copies apart."""
+    ranges open at its middle, annotation first, and by the kernels either side; the 0.5 ms gap
+    is below 1 ms; copies apart; host time summed per annotation."""
     from benchmarks import trace_gaps
 
     events = [
@@ -656,8 +657,13 @@ def test_trace_gaps_names_where_the_gpu_waited(tmp_path):
     (gap,) = got["largest_gaps"]
     assert gap["at_s"] == pytest.approx(0.012) and gap["ms"] == pytest.approx(5.0)
     assert gap["cpu"] == ["gpu_model_runner: draft", "engine step", "aten::index_select"]
+    assert (gap["after_kernel"], gap["before_kernel"]) == ("gather", "norm")
     assert got["by_innermost_cpu_range"] == {"gpu_model_runner: draft": {"count": 1, "s": 0.005}}
     assert got["copies_s"] == pytest.approx(0.002)
+    assert got["host_by_annotation"] == {
+        "engine step": {"count": 1, "s": pytest.approx(0.03)},
+        "gpu_model_runner: draft": {"count": 1, "s": pytest.approx(0.0065)},
+    }
 
 
 def test_trace_gaps_says_what_it_cannot_read(tmp_path, capsys):
