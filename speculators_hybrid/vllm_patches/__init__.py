@@ -5,6 +5,7 @@ from __future__ import annotations
 from speculators_hybrid.registry import Patch
 from speculators_hybrid.vllm_patches import (
     accepted_counts,
+    backup_tokens,
     chunked_prompts,
     eagle3_falcon_h1,
     eagle3_granite,
@@ -43,6 +44,7 @@ PATCHES: tuple[Patch, ...] = (
     hidden_write.PATCH,
     llm_wait.PATCH,
     accepted_counts.PATCH,
+    backup_tokens.PATCH,
     engine_block.PATCH,
     prefix_caching.PATCH,
     mamba_all_mode.PATCH,

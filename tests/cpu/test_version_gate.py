@@ -29,6 +29,7 @@ BEFORE_022 = {
     "hidden-states-wide-group",  # the default with prefix caching off
     "extraction-model-type-list",  # 0.20/0.21 refuse the families by their model type's name
     NAMES,
+    "backup-tokens-without-sync",  # 0.22 copies them from a pinned buffer
 }
 NO_CACHING = "no-prefix-caching-for-hybrid-extraction"  # 0.22-0.23, chunked prefill off
 ALL_MODE = "no-prefix-caching-for-mamba-all-mode"  # 0.22-0.31

@@ -56,6 +56,7 @@ BEFORE_022 = {
     "hidden-states-wide-group",  # the default with prefix caching off
     "extraction-model-type-list",  # 0.20/0.21 refuse the families by their model type's name
     "granite-layer-type-names",
+    "backup-tokens-without-sync",  # 0.22 copies them from a pinned buffer
 }
 WAIT = {"no-accepted-count-wait-in-prefill"}  # vLLM 0.20-0.23: 0.24 no longer waits
 FROM_022 = {
