@@ -5,7 +5,7 @@ of the profiled pass: GPU busy time is the union of all kernels (and memsets) ov
 stream, from the first to the last; each idle gap of at least `min_ms` is named by the CPU
 ranges (`record_function` annotations, then ops) open at its middle, innermost first, and by
 the kernels that end and start it, and the idle time is summed per innermost annotation. The
-host's time in each annotation (vLLM's `gpu_model_runner: preprocess`, `forward`, ...) is summed
+host's time in each annotation (vLLM 0.20's step ranges `execute_context_*`, ...) is summed
 too, to compare two engines' host work per step. Device-to-host copies are reported apart: ours
 run on a stream of their own, beside the compute.
 
