@@ -31,7 +31,6 @@ def batch_and_requests() -> tuple:
         vocab_size=VOCAB,
         block_sizes=[16],
         kernel_block_sizes=[16],
-        is_spec_decode=True,
     )
     requests = {}
     for rid, prompt in PROMPTS.items():

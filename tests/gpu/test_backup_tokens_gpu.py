@@ -29,7 +29,7 @@ def call_behind_a_busy_gpu() -> tuple[list[int], list[int], bool]:
     from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
     device = torch.device("cuda", torch.cuda.current_device())
-    batch = InputBatch(8, 64, 64, device, True, 1000, [16], [16], is_spec_decode=True)
+    batch = InputBatch(8, 64, 64, device, True, 1000, [16], [16])
     requests = {}
     for rid, prompt in PROMPTS.items():
         params = SamplingParams(max_tokens=1)
