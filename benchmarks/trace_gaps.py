@@ -34,12 +34,15 @@ def load(path: Path) -> list[dict[str, Any]]:
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
-def spans(events: list[dict[str, Any]], cats: tuple[str, ...]) -> list[tuple[float, float]]:
+def of_kind(events: list[dict[str, Any]], cats: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The complete ("X") events of these categories, by start."""
     return sorted(
-        (e["ts"], e["ts"] + e.get("dur", 0))
-        for e in events
-        if e.get("ph") == "X" and e.get("cat") in cats
+        (e for e in events if e.get("ph") == "X" and e.get("cat") in cats), key=lambda e: e["ts"]
     )
+
+
+def spans(events: list[dict[str, Any]], cats: tuple[str, ...]) -> list[tuple[float, float]]:
+    return sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in of_kind(events, cats))
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -66,13 +69,12 @@ def open_at(cpu: list[dict[str, Any]], times: list[float]) -> list[list[dict[str
     return found
 
 
-def host_by_annotation(cpu: list[dict[str, Any]], top: int) -> dict[str, dict[str, float]]:
-    """Calls and host seconds per `record_function` annotation, most seconds first."""
+def tally(items: Any, top: int) -> dict[str, dict[str, float]]:
+    """Count and seconds per name of (name, seconds) pairs, most seconds first."""
     totals: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "s": 0.0})
-    for e in cpu:
-        if e["cat"] == "user_annotation":
-            totals[e["name"]]["count"] += 1
-            totals[e["name"]]["s"] += e.get("dur", 0) / 1e6
+    for name, seconds in items:
+        totals[name]["count"] += 1
+        totals[name]["s"] += seconds
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]["s"])[:top])
 
 
@@ -80,24 +82,21 @@ def summary(events: list[dict[str, Any]], min_ms: float = 1.0, top: int = 15) ->
     busy = union(spans(events, BUSY))
     if not busy:
         return {"error": "no GPU kernels in the trace"}
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in BUSY]
+    kernels = of_kind(events, BUSY)
     ending = {e["ts"] + e.get("dur", 0): e["name"] for e in kernels}
     starting = {e["ts"]: e["name"] for e in kernels}
     copies = spans(events, (COPY,))
-    cpu = sorted(
-        (e for e in events if e.get("ph") == "X" and e.get("cat") in CPU), key=lambda e: e["ts"]
-    )
+    cpu = of_kind(events, CPU)
     gaps = [
         (a[1], b[0]) for a, b in zip(busy, busy[1:], strict=False) if b[0] - a[1] >= min_ms * 1e3
     ]
-    by_label: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "s": 0.0})
+    idle_by_label: list[tuple[str, float]] = []
     named: list[dict[str, Any]] = []
     ranges = open_at(cpu, [(start + end) / 2 for start, end in gaps])
     for (start, end), open_then in zip(gaps, ranges, strict=True):
         names = [e["name"] for e in open_then]
         label = names[0] if names else "(no CPU range open)"
-        by_label[label]["count"] += 1
-        by_label[label]["s"] += (end - start) / 1e6
+        idle_by_label.append((label, (end - start) / 1e6))
         named.append(
             {
                 "at_s": (start - busy[0][0]) / 1e6,
@@ -116,10 +115,12 @@ def summary(events: list[dict[str, Any]], min_ms: float = 1.0, top: int = 15) ->
         "min_gap_ms": min_ms,
         "gaps": len(gaps),
         "idle_in_gaps_s": sum(end - start for start, end in gaps) / 1e6,
-        "by_innermost_cpu_range": dict(sorted(by_label.items(), key=lambda kv: -kv[1]["s"])[:top]),
+        "by_innermost_cpu_range": tally(idle_by_label, top),
         "largest_gaps": sorted(named, key=lambda g: -g["ms"])[:top],
         "copies_s": sum(end - start for start, end in union(copies)) / 1e6,
-        "host_by_annotation": host_by_annotation(cpu, top),
+        "host_by_annotation": tally(
+            ((e["name"], e.get("dur", 0) / 1e6) for e in cpu if e["cat"] == "user_annotation"), top
+        ),
     }
 
 
