@@ -34,7 +34,7 @@ def backup_tokens(requests: dict, batch: Any, device: Any) -> Any:
     count = batch.num_reqs
     last = (batch.num_tokens_no_spec[:count] - 1).tolist()
     ids = [requests[batch.req_ids[i]].get_token_id(last[i]) for i in range(count)]
-    pinned = torch.device(device).type == "cuda"
+    pinned = device.type == "cuda"
     host = torch.tensor(ids, dtype=torch.int32, pin_memory=pinned)
     return host.to(device, non_blocking=pinned)
 
