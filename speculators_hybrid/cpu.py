@@ -113,6 +113,23 @@ def is_feature_probe(name: str) -> bool:
     return name.startswith("_is_") and name.endswith("_supported")
 
 
+@contextlib.contextmanager
+def with_triton() -> Iterator[None]:
+    """vLLM reads Triton as present inside, as on a CUDA start; as it was after.
+
+    vLLM 0.34's CPU platform refuses an x86 host without triton-cpu while it builds a config
+    (0.33 warned); a plan is the one a CUDA start makes, which has Triton.
+    """
+    import vllm.triton_utils as triton_utils
+
+    found = triton_utils.HAS_TRITON
+    triton_utils.HAS_TRITON = True
+    try:
+        yield
+    finally:
+        triton_utils.HAS_TRITON = found
+
+
 def planning_platform() -> Any:
     """vLLM's CPU platform with the host's facts fixed, so a plan is the same on every host.
 
@@ -121,7 +138,8 @@ def planning_platform() -> Any:
     - the CPU's features (AMX, AVX-512 BF16, ...): none while vLLM builds a config or picks an
       attention backend (`no_cpu_features`);
     - the CPU architecture: x86 (an ARM host adds custom ops, a RISC-V host turns prefix
-      caching and chunked prefill off in `EngineArgs`).
+      caching and chunked prefill off in `EngineArgs`);
+    - Triton: present while vLLM builds a config (`with_triton`).
     What the CPU platform changes on every host (block size 128, executor, async scheduling,
     CUDA graphs) is not host-dependent; `planning.layer_specs` sets the block sizes a CUDA
     start uses before it plans.
@@ -136,7 +154,7 @@ def planning_platform() -> Any:
 
         @classmethod
         def check_and_update_config(cls, vllm_config: Any) -> None:
-            with no_cpu_features():
+            with no_cpu_features(), with_triton():
                 super().check_and_update_config(vllm_config)
 
         @classmethod

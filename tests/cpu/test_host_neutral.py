@@ -10,6 +10,7 @@ they differ on every release that has such a branch.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,13 +22,29 @@ from speculators_hybrid import planning
 
 @contextmanager
 def platform(stock: bool) -> Iterator[None]:
-    """vLLM's own CpuPlatform (stock) or ours for the duration."""
+    """vLLM's own CpuPlatform (stock) or ours for the duration. Stock reads Triton as present
+    while it builds a config, as ours does: vLLM 0.34's refuses an x86 host without triton-cpu
+    there, on every host alike."""
     import vllm.platforms as platforms
     from vllm.platforms.cpu import CpuPlatform
 
+    from speculators_hybrid.cpu import with_triton
+
+    class StockPlatform(CpuPlatform):
+        @classmethod
+        def check_and_update_config(cls, vllm_config) -> None:
+            with with_triton():
+                super().check_and_update_config(vllm_config)
+
     mp = pytest.MonkeyPatch()
     if stock:
-        mp.setattr(platforms, "_current_platform", CpuPlatform())
+        ours, theirs = platforms._current_platform, StockPlatform()
+        mp.setattr(platforms, "_current_platform", theirs)
+        # and where a vLLM module bound the platform at import (vllm.config.vllm calls
+        # check_and_update_config through that name)
+        for module in list(sys.modules.values()):
+            if getattr(module, "__dict__", {}).get("current_platform") is ours:
+                mp.setattr(module, "current_platform", theirs)
     try:
         yield
     finally:
