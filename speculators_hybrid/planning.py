@@ -8,7 +8,7 @@ at GPU start-up, the extraction layer is vLLM's `CacheOnlyAttentionLayer`, and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from speculators_hybrid.vllm_patches import prefill_only, wide_hidden
@@ -336,9 +336,12 @@ def model_output(
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
     ids = list(scheduler_output.num_scheduled_tokens)
+    extra: dict[str, Any] = {}
+    if "req_id_to_index" in {f.name for f in fields(ModelRunnerOutput)}:
+        extra["req_id_to_index"] = {r: i for i, r in enumerate(ids)}  # vLLM < 0.34
     return ModelRunnerOutput(
         req_ids=ids,
-        req_id_to_index={r: i for i, r in enumerate(ids)},
         sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in ids],
         kv_connector_output=KVConnectorOutput(finished_sending=set(saved)) if saved else None,
+        **extra,
     )

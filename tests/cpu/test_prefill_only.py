@@ -22,6 +22,7 @@ class StateLayer:
 
     mamba_type = "gdn_attention"
     is_kv_cache_tp_replicated = False  # vLLM >= 0.33 reads it
+    state_alignment = 1  # vLLM >= 0.34 reads it (MambaBase's default)
 
     def get_state_shape(self):
         return ((4, 1024), (8, 64, 64))

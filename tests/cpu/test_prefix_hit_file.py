@@ -157,7 +157,7 @@ class Engine:
                 assert new.req_id == req_id
                 table, run.hit = list(new.block_ids[ex.gid]), new.num_computed_tokens
             cached = out.scheduled_cached_reqs
-            assert not cached.resumed_req_ids  # no preemption here
+            assert not getattr(cached, "resumed_req_ids", ())  # no preemption (0.34: no field)
             for r, ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
                 assert r == req_id
                 table += list(ids[ex.gid]) if ids else []
