@@ -1,7 +1,7 @@
 """EAGLE-3 auxiliary hidden states for Granite 4.0-H (`GraniteMoeHybridForCausalLM`).
 
 Why: vLLM's `GraniteMoeHybridForCausalLM` (Mamba-2 + attention, `granitemoehybrid`) has no
-`SupportsEagle3` in any release 0.20.0-0.33.0, so `extract_hidden_states` fails after loading
+`SupportsEagle3` in any release 0.20.0-0.34.0, so `extract_hidden_states` fails after loading
 the weights ("Model does not support EAGLE3 interface"). On 0.20/0.21 vLLM's SpeculativeConfig
 also refuses the model type by name (not in its list): extraction-model-type-list
 (eagle3_model_types.py) lets it through.
@@ -72,7 +72,10 @@ PATCH = Patch(
             MODULE,
             "GraniteMoeHybridModel.forward",
             replacing(granite_forward),
-            ("499f387c8e071625",),  # 0.20.0-0.33.0
+            (
+                "499f387c8e071625",  # 0.20.0-0.33.0
+                "8b128455ce0a6ef3",  # 0.34.0 (drops an unused layer index; same computation)
+            ),
             replaces=True,
         ),
         Target(
@@ -84,7 +87,7 @@ PATCH = Patch(
                 "f724f161c9a280c7",  # 0.28.0
                 "450f2d1c2f892f6e",  # 0.29.0-0.31.0
                 "cfe9e909dcd6229c",  # 0.32.0
-                "6fb07fc5e2a16271",  # 0.33.0
+                "6fb07fc5e2a16271",  # 0.33.0-0.34.0
             ),
             replaces=True,
         ),

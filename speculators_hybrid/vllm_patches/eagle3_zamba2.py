@@ -3,7 +3,7 @@
 Why: vLLM's `Zamba2ForCausalLM` (`zamba2`: Mamba-2 layers, some of them "hybrid" layers that
 first run one of a few shared attention + MLP blocks on [stream, embeddings] and add its
 projected output into their Mamba input; Zyphra's Zamba2) has no `SupportsEagle3` in any release
-0.20.0-0.33.0, so `extract_hidden_states` fails after loading the weights ("Model does not
+0.20.0-0.34.0, so `extract_hidden_states` fails after loading the weights ("Model does not
 support EAGLE3 interface"). On 0.20/0.21 vLLM's SpeculativeConfig also refuses the model type by
 name (not in its list): extraction-model-type-list (eagle3_model_types.py) lets it through.
 How: `Zamba2Model.forward` is replaced by ours (eagle3_aux.py says why it is a plain function)
@@ -61,7 +61,10 @@ PATCH = Patch(
             MODULE,
             "Zamba2Model.forward",
             replacing(zamba2_forward),
-            ("1faff73408f19828",),  # 0.20.0-0.33.0
+            (
+                "1faff73408f19828",  # 0.20.0-0.33.0
+                "23d9d4b1a6db0320",  # 0.34.0 (drops an unused layer index; same computation)
+            ),
             replaces=True,
         ),
         Target(
@@ -72,7 +75,7 @@ PATCH = Patch(
                 "9086260a9b7de733",  # 0.20.0-0.24.0
                 "f1b215c603ac1374",  # 0.25.0-0.31.0
                 "517a6026ac117442",  # 0.32.0
-                "05d317db50b85ac8",  # 0.33.0
+                "05d317db50b85ac8",  # 0.33.0-0.34.0
             ),
             replaces=True,
         ),

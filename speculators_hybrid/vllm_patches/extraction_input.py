@@ -148,6 +148,7 @@ PATCH = Patch(
                 "8161a9c20dc72555",  # 0.28.0
                 "f22a3a810cce4670",  # 0.30.0
                 "98e42cf8771df354",  # 0.31.0-0.32.0
+                "582990692acabfba",  # 0.34.0 (per-method config classes; same fields after)
             ),
         ),
     ),

@@ -81,7 +81,8 @@ PATCH = Patch(
             MAMBA,
             "MambaBase.get_kv_cache_spec",
             _spec,
-            ("5c8613539c1ff400", "2079da7048c500fa", "c814625e3b63bbd5"),  # 0.20-, 0.29-, 0.32-
+            # 0.20-, 0.29-, 0.32-, 0.34.0 (the spec also takes the state's alignment)
+            ("5c8613539c1ff400", "2079da7048c500fa", "c814625e3b63bbd5", "bfcc7ce0ec248918"),
         ),
         Target(
             INPUTS,
@@ -95,6 +96,7 @@ PATCH = Patch(
                 "703512ece553e3c1",  # 0.29.0-0.30.0
                 "05eb187c91954320",  # 0.31.0
                 "c91ea5c91a9840bc",  # 0.32.0-0.33.0
+                "ce0f045cd220b2c9",  # 0.34.0 (one V2-runner check gone)
             ),
         ),
     ),

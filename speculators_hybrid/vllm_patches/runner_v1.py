@@ -9,6 +9,8 @@ How: `VllmConfig._get_v2_model_runner_unsupported_features` also names hidden-st
 from a hybrid model, so vLLM's own fallback logs "Model Runner V2 does not yet support ...;
 using the V1 model runner instead" and every process (workers, scheduler) picks V1.
 `VLLM_USE_V2_MODEL_RUNNER=1` still chooses V2: vLLM reads it before this list.
+vLLM 0.34.0 removed the V1 model runner (`gpu_model_runner.py`) and this hook: there every
+CUDA start runs V2, and so does hybrid extraction (no GPU proof yet).
 Upstream: none; retire once V2 is proven on the GPU for hybrid extraction.
 """
 
@@ -32,8 +34,8 @@ def _add_hybrid_extraction(wrapped: Any, instance: Any, args: tuple, kwargs: dic
 PATCH = Patch(
     id="hybrid-extraction-on-model-runner-v1",
     project="vllm",
-    versions=">=0.29",
-    fixed_upstream="none yet (V2 is vLLM's default from 0.29.0)",
+    versions=">=0.29,<0.34",
+    fixed_upstream="none needed from 0.34.0 (vLLM removed the V1 model runner; V2 is the only one)",
     why=__doc__ or "",
     targets=(
         Target(

@@ -17,7 +17,10 @@ Qwen3.5 class has them (GDN state shape, dtype and copy functions are that class
 `model.language_model.*` and `model.*` weights alike and skip `mtp.*`. Both architectures also
 get the multimodal ones' config hook. EAGLE-3 auxiliary hidden states come from vLLM's class.
 Upstream: PR 50210 (vLLM 0.27.0) registers both architectures with the GDN hooks and the
-config hook; 0.28.0 adds the `model.language_model.` mapping.
+config hook; 0.28.0 adds the `model.language_model.` mapping. 0.34.0 moves both entries to
+`vllm.models.qwen3_5`: on CUDA a new NVIDIA implementation (`vllm.models.qwen3_5.nvidia.model`,
+hybrid, M-RoPE and EAGLE-3, with the same mapping), elsewhere the classes of `qwen3_5.py`; both
+still registered, so the registration stays retired.
 """
 
 from __future__ import annotations

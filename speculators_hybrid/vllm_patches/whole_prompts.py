@@ -65,7 +65,8 @@ PATCH = Patch(
             CONNECTOR,
             "ExampleHiddenStatesConnector.request_finished",
             _whole_prompts_only,
-            ("f4b33ca43e5d612a", "afc7a566b47f232a"),  # 0.24.0-0.30.0; 0.31.0-0.33.0
+            # 0.24.0-0.30.0; 0.31.0-0.33.0; 0.34.0 (token ids copied by a helper, same saves)
+            ("f4b33ca43e5d612a", "afc7a566b47f232a", "c0bf25e4b0286257"),
         ),
     ),
 )

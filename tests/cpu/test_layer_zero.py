@@ -5,21 +5,29 @@ What overwrites id 0 on a GPU is the fused add-RMSNorm kernel updating the first
 residual, which is the very embedding tensor, in place; it does not run on the CPU, so the tests
 apply that update (`residual.add_`) between vLLM's own collection calls, in the order
 `Qwen3NextModel.forward` / `Qwen2Model.forward` make them.
+
+vLLM 0.34.0 builds Qwen3.5 on CUDA from `vllm.models.qwen3_5.nvidia.model`, which copies id 0
+itself; that module imports and its classes build on the CPU too, so its tests run here.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import model_dir, needs, set_shim
+from conftest import PATCHED_VLLM, PATCHER, model_dir, needs, set_shim
+from packaging.version import Version
 from test_extraction_input import build as build_with_ids
 
+from speculators_hybrid.registry import base_version
 from speculators_hybrid.vllm_patches.layer_zero import add_hidden_state_copying_embeddings
 
 pytestmark = needs("layer-zero-is-embeddings")
+VLLM = base_version(PATCHER.version_of("vllm") or "0")
+NVIDIA = "vllm.models.qwen3_5.nvidia.model"  # what vLLM >= 0.34 builds Qwen3.5 from on CUDA
 
 IDS = (0, 4, 8)
 QWEN3 = {  # a dense control: vLLM's Qwen3 uses RMSNorm, whose residual add is in place
@@ -166,3 +174,42 @@ def test_other_ids_and_later_ranks_are_vllms_own(shim, distributed, tmp_path):
     model.set_aux_hidden_state_layers((0, 2))
     (first,) = decoder._maybe_add_hidden_state([], 0, hidden, residual)  # PP rank > 0
     assert torch.equal(first, hidden + residual)
+
+
+@pytest.mark.skipif(
+    VLLM < Version("0.34"),
+    reason=f"vLLM {VLLM} has no NVIDIA Qwen3.5 model ({NVIDIA} is new in 0.34.0)",
+)
+@pytest.mark.parametrize(
+    "name", ["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"], ids=["text", "multimodal"]
+)
+@pytest.mark.parametrize("on", [True, False], ids=["patched", "stock"])
+def test_vllms_nvidia_qwen3_5_copies_id_zero_itself(distributed, name, on):
+    """vLLM 0.34's CUDA Qwen3.5 copies id 0 in its own `_maybe_add_hidden_state` (its norm adds
+    in place), so id 0 stays the embeddings with or without the patch. The patch reaches only the
+    multimodal class (whose layers are set through `EagleModelMixin._set_aux_hidden_state_layers`)
+    and adds its copy on top of vLLM's; the text-only class sets them itself and is left alone."""
+    from vllm.config import set_current_vllm_config
+
+    cls = getattr(importlib.import_module(NVIDIA), name)
+    config = build(model_dir("tiny"))
+    set_shim(on)
+    try:
+        with set_current_vllm_config(config), torch.device("meta"):
+            model = cls(vllm_config=config, prefix="model")
+        model.set_aux_hidden_state_layers(IDS)  # vLLM's method, as the model runner calls it
+    finally:
+        set_shim(True)
+    decoder = getattr(model, "language_model", model).model
+    assert type(decoder).__module__ == NVIDIA and decoder.aux_hidden_state_layers == IDS
+    ours = name == "Qwen3_5ForConditionalGeneration" and on and not PATCHED_VLLM
+    method = vars(decoder).get("_maybe_add_hidden_state")
+    assert getattr(method, "__func__", None) is (
+        add_hidden_state_copying_embeddings if ours else None
+    )
+    emb = torch.randn(5, decoder.config.hidden_size)
+    out = torch.randn_like(emb)
+    aux = collect(decoder, emb, out)
+    assert len(aux) == 2
+    assert torch.equal(aux[0], emb)  # id 0: the embeddings, by vLLM's own copy
+    assert torch.equal(aux[1], out + (emb + out))

@@ -3,11 +3,15 @@
 On vLLM < 0.27 the architectures come from our registration; from 0.27 vLLM registers them
 itself and the registration retires (same assertions, vLLM's own classes). Against a vLLM source
 patched by patches/vllm (SPECULATORS_HYBRID_PATCHED_VLLM=1) the classes are vLLM's too.
+From 0.34.0 vLLM registers them in `vllm.models.qwen3_5`, which imports a new NVIDIA
+implementation on CUDA and re-exports the classes of `vllm.model_executor.models.qwen3_5` on every
+other platform (as here); the NVIDIA classes are checked directly, built on the CPU as well.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 from collections.abc import Iterator
 from functools import cache
@@ -22,10 +26,12 @@ from conftest import (
     scratch,
     vllm_patches,
 )
+from packaging.version import Version
 
 from speculators_hybrid import launch, planning
 from speculators_hybrid.model_registration import REGISTRAR, upstream_has
 from speculators_hybrid.models import config_dict, text_config
+from speculators_hybrid.registry import base_version
 from speculators_hybrid.vllm_patches import text_only
 
 IDS = (2, 4, 5, 8)  # speculators' default for n = 8: [2, n//2, n-3, n]
@@ -34,6 +40,16 @@ NEEDED = text_only.PATCH in PATCHER.select(vllm_patches())
 OURS = NEEDED and not PATCHED_VLLM  # the classes are ours, not vLLM's own
 # Tests that need the fix: everywhere, except a patched vLLM source without its diff.
 fixed = needs(text_only.PATCH.id) if NEEDED else pytest.mark.skipif(False, reason="")
+VLLM = base_version(PATCHER.version_of("vllm") or "0")
+# Where vLLM registers Qwen3.5: from 0.34.0 a package choosing the implementation by platform.
+REGISTERED_IN = (
+    "vllm.models.qwen3_5" if VLLM >= Version("0.34") else "vllm.model_executor.models.qwen3_5"
+)
+NVIDIA = "vllm.models.qwen3_5.nvidia.model"  # what vLLM >= 0.34 builds on CUDA
+nvidia_only = pytest.mark.skipif(
+    VLLM < Version("0.34"),
+    reason=f"vLLM {VLLM} has one Qwen3.5 implementation ({NVIDIA} is new in 0.34.0)",
+)
 
 
 def moe_config() -> dict:
@@ -105,10 +121,14 @@ def test_registered_by_us_only_where_vllm_lacks_it():
         assert upstream_has(text_only.PATCH) == []
         assert text_only.PATCH.id in REGISTRAR.applied()
     else:  # retired: vLLM's own entries, untouched
+        from vllm.model_executor.models import qwen3_5
+
         assert REGISTRAR.added_by_us() == set()
         assert upstream_has(text_only.PATCH) == archs
         for arch in archs:
-            assert ModelRegistry.models[arch].module_name == "vllm.model_executor.models.qwen3_5"
+            assert ModelRegistry.models[arch].module_name == REGISTERED_IN
+            # On the CPU that is the class of qwen3_5.py (0.34.0: re-exported), as tests use.
+            assert ModelRegistry.models[arch].load_model_cls() is getattr(qwen3_5, arch)
 
 
 @pytest.mark.skipif(not NEEDED, reason="vLLM registers the text-only classes itself")
@@ -169,6 +189,39 @@ def test_mrope_positions_are_the_token_positions():
     positions, delta = cls.get_mrope_input_positions(None, list(range(100, 107)), [])
     assert positions.shape == (3, 7) and delta == 0
     assert all(row.tolist() == list(range(7)) for row in positions)
+
+
+@nvidia_only
+@pytest.mark.parametrize("kind", ["text", "moe"])
+def test_cuda_class_has_what_the_registration_added(shim, kind):
+    """On CUDA vLLM 0.34 builds the NVIDIA classes, not those the other tests resolve here:
+    they are hybrid with the same GDN state, M-RoPE, EAGLE-3 and not multimodal, and map both
+    checkpoint layouts (their loading: test_model_loads_a_transformers_checkpoint)."""
+    from vllm.model_executor.models.interfaces import (
+        is_hybrid,
+        supports_eagle3,
+        supports_mrope,
+        supports_multimodal,
+    )
+
+    arch = "Qwen3_5ForCausalLM" if kind == "text" else "Qwen3_5MoeForCausalLM"
+    cls = getattr(importlib.import_module(NVIDIA), arch)
+    assert cls.__module__ == NVIDIA and cls.__name__ == arch
+    assert is_hybrid(cls) and supports_eagle3(cls) and supports_mrope(cls)
+    assert not supports_multimodal(cls)
+    config = engine_config(kind)
+    planned = model_class(config)  # the class this host's vLLM (and our planning) uses
+    assert planned is not cls
+    for hook in ("get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config"):
+        assert getattr(cls, hook)(config) == getattr(planned, hook)(config)
+    positions, delta = cls.get_mrope_input_positions(None, list(range(100, 107)), [])
+    assert positions.tolist() == [list(range(7))] * 3 and delta == 0
+    mapper = cls.hf_to_vllm_mapper
+    for prefix in ("model.language_model.", "model."):
+        name = f"{prefix}layers.0.linear_attn.in_proj_qkv.weight"
+        assert mapper._map_name(name) == "model.layers.0.linear_attn.in_proj_qkv.weight"
+    assert mapper._map_name("lm_head.weight") == "lm_head.weight"
+    assert mapper._map_name("mtp.layers.0.mlp.gate_proj.weight") is None
 
 
 @fixed
@@ -248,10 +301,12 @@ def kernel_names() -> Iterator[None]:
 
 @fixed
 @pytest.mark.parametrize("prefix", ["model.", "model.language_model."])
-def test_model_loads_a_transformers_checkpoint(shim, one_rank, kernel_names, prefix):
-    """vLLM builds our class (or, patched or from 0.27, its own) on the CPU and its loader takes
-    every parameter from what transformers' `Qwen3_5ForCausalLM` saves, also in the
-    `model.language_model.` layout some text-only exports keep; `mtp.` weights are skipped."""
+@pytest.mark.parametrize("impl", ["registered", pytest.param("nvidia", marks=nvidia_only)])
+def test_model_loads_a_transformers_checkpoint(shim, one_rank, kernel_names, prefix, impl):
+    """vLLM builds our class (or, patched or from 0.27, its own; `nvidia`: the class vLLM >= 0.34
+    builds on CUDA) on the CPU and its loader takes every parameter from what transformers'
+    `Qwen3_5ForCausalLM` saves, also in the `model.language_model.` layout some text-only exports
+    keep; `mtp.` weights are skipped."""
     import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
     from vllm.config import set_current_vllm_config
@@ -261,8 +316,12 @@ def test_model_loads_a_transformers_checkpoint(shim, one_rank, kernel_names, pre
     if prefix != "model." and not mapped:
         pytest.skip("vLLM 0.27.x: no model.language_model. mapping (added in 0.28.0)")
     config = engine_config()
+    if impl == "nvidia":
+        cls = importlib.import_module(NVIDIA).Qwen3_5ForCausalLM
+    else:
+        cls = model_class(config)
     with set_current_vllm_config(config), torch.device("cpu"):
-        model = model_class(config)(vllm_config=config, prefix="")
+        model = cls(vllm_config=config, prefix="")
     torch.manual_seed(0)
     hf = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**config_dict("tiny", multimodal=False)))
     saved = {

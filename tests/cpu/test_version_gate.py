@@ -13,7 +13,7 @@ OWN_PAGE = "hidden-states-own-page-size"  # every release so far
 PREFIX_HIT = "hidden-states-consistent-prefix-hit"  # the connector-hit path of 0.24-0.26
 PAD_SLOTS = "hidden-states-pad-slots"  # 0.22-0.24; 0.25.0 clamps padding to the null block
 READ_SLOTS = "hidden-states-read-slots"  # 0.24.x only
-RUNNER_V1 = "hybrid-extraction-on-model-runner-v1"  # 0.29+ pick Model Runner V2
+RUNNER_V1 = "hybrid-extraction-on-model-runner-v1"  # 0.29-0.33 pick V2; 0.34 has only V2
 WHOLE = "hidden-states-whole-prompts-only"  # 0.24+ save at request_finished
 WAIT = "no-accepted-count-wait-in-prefill"  # 0.20-0.23; 0.24 no longer waits
 CHUNKS = "hidden-states-chunked-prompts"  # 0.22-0.23: our connector where the stock one refuses
@@ -65,6 +65,7 @@ NEEDED = {
     "0.31.0": FROM_022 | {WHOLE, ALL_MODE} | {RUNNER_V1},
     "0.32.0": FROM_022 | {WHOLE} | {RUNNER_V1},
     "0.33.0": FROM_022 | {WHOLE} | {RUNNER_V1},
+    "0.34.0": FROM_022 | {WHOLE},  # the V1 model runner is gone
 }
 # Needed on every release in the table (no upstream fix yet).
 EVERY_RELEASE = {"check-extraction-input", "layer-zero-is-embeddings", "prefill-only-extraction"}
