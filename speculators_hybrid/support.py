@@ -32,6 +32,7 @@ VLLM: dict[str, str] = {
     "0.31.0": DECISIVE,
     "0.32.0": DECISIVE,
     "0.33.0": FULL,
+    "0.34.0": DECISIVE,
 }
 OLDEST, NEWEST = next(iter(VLLM)), next(reversed(VLLM))  # VLLM is in release order
 
