@@ -11,7 +11,9 @@ tables, slot mappings and attention metadata per KV-cache group, the forward).
     python benchmarks/scheduler_cpu.py [--out FILE] [--passes 3]
 
 One JSON to stdout (and FILE): per mode ("plain": no extraction; "plugin"; "upstream": extraction
-without the plugin) the KV-cache groups, steps a pass, the median ms per step and ms per pass.
+without the plugin) the KV-cache groups, steps a pass, the prompts each step of a pass completes
+(their files are written after it: the last busy step's after `generate` returns), the median ms
+per step and ms per pass.
 SPECULATORS_HYBRID_WIDE_HIDDEN=0 / =1 picks the hidden-state layout on vLLM 0.20-0.21.
 """
 
@@ -62,6 +64,7 @@ def one_pass(scheduler: Any, request: Any, prompts: list[list[int]], tag: str) -
         steps.append(
             {
                 "tokens": out.total_num_scheduled_tokens,
+                "files": len(done),  # prompts this step completes: their files follow it
                 "wall_ms": 1000 * (time.perf_counter() - wall),
                 "cpu_ms": 1000 * (time.process_time() - cpu),
             }
@@ -85,6 +88,7 @@ def measure(
     return {
         "kv_cache_groups": groups,
         "steps_per_pass": len(runs[0]),
+        "files_per_step": [s["files"] for s in runs[0]],  # the last busy step's are the tail
         "ms_per_step_wall": round(statistics.median(s["wall_ms"] for s in busy), 2),
         "ms_per_step_cpu": round(statistics.median(s["cpu_ms"] for s in busy), 2),
         "ms_per_pass_wall": round(statistics.median(sum(s["wall_ms"] for s in r) for r in runs), 1),
