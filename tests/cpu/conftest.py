@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 pytest.importorskip("vllm")
 
@@ -37,6 +38,15 @@ from speculators_hybrid.models import write_config  # noqa: E402
 from speculators_hybrid.planning import engine_scheduler, model_output  # noqa: E402, F401
 from speculators_hybrid.plugin import PATCHER, vllm_patches  # noqa: E402
 from speculators_hybrid.registry import base_version  # noqa: E402
+
+VLLM = base_version(PATCHER.version_of("vllm") or "0")  # the installed release
+# What vLLM >= 0.34 builds Qwen3.5 from on CUDA (other platforms: model_executor/models/qwen3_5.py);
+# it imports, and its classes build, on the CPU too.
+NVIDIA_QWEN3_5 = "vllm.models.qwen3_5.nvidia.model"
+nvidia_qwen3_5 = pytest.mark.skipif(
+    VLLM < Version("0.34"),
+    reason=f"vLLM {VLLM} has one Qwen3.5 implementation ({NVIDIA_QWEN3_5} is new in 0.34.0)",
+)
 
 # vLLM 0.22-0.23 refuse ExampleHiddenStatesConnector with chunked prefill (config/vllm.py); Mamba
 # prefix caching ("align" mode) needs chunked prefill, so they cannot cache hybrid prefixes.

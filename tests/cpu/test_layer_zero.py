@@ -18,16 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PATCHED_VLLM, PATCHER, model_dir, needs, set_shim
-from packaging.version import Version
+from conftest import NVIDIA_QWEN3_5, PATCHED_VLLM, model_dir, needs, nvidia_qwen3_5, set_shim
 from test_extraction_input import build as build_with_ids
 
-from speculators_hybrid.registry import base_version
 from speculators_hybrid.vllm_patches.layer_zero import add_hidden_state_copying_embeddings
 
 pytestmark = needs("layer-zero-is-embeddings")
-VLLM = base_version(PATCHER.version_of("vllm") or "0")
-NVIDIA = "vllm.models.qwen3_5.nvidia.model"  # what vLLM >= 0.34 builds Qwen3.5 from on CUDA
 
 IDS = (0, 4, 8)
 QWEN3 = {  # a dense control: vLLM's Qwen3 uses RMSNorm, whose residual add is in place
@@ -176,10 +172,7 @@ def test_other_ids_and_later_ranks_are_vllms_own(shim, distributed, tmp_path):
     assert torch.equal(first, hidden + residual)
 
 
-@pytest.mark.skipif(
-    VLLM < Version("0.34"),
-    reason=f"vLLM {VLLM} has no NVIDIA Qwen3.5 model ({NVIDIA} is new in 0.34.0)",
-)
+@nvidia_qwen3_5
 @pytest.mark.parametrize(
     "name", ["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"], ids=["text", "multimodal"]
 )
@@ -191,7 +184,7 @@ def test_vllms_nvidia_qwen3_5_copies_id_zero_itself(distributed, name, on):
     and adds its copy on top of vLLM's; the text-only class sets them itself and is left alone."""
     from vllm.config import set_current_vllm_config
 
-    cls = getattr(importlib.import_module(NVIDIA), name)
+    cls = getattr(importlib.import_module(NVIDIA_QWEN3_5), name)
     config = build(model_dir("tiny"))
     set_shim(on)
     try:
@@ -201,7 +194,7 @@ def test_vllms_nvidia_qwen3_5_copies_id_zero_itself(distributed, name, on):
     finally:
         set_shim(True)
     decoder = getattr(model, "language_model", model).model
-    assert type(decoder).__module__ == NVIDIA and decoder.aux_hidden_state_layers == IDS
+    assert type(decoder).__module__ == NVIDIA_QWEN3_5 and decoder.aux_hidden_state_layers == IDS
     ours = name == "Qwen3_5ForConditionalGeneration" and on and not PATCHED_VLLM
     method = vars(decoder).get("_maybe_add_hidden_state")
     assert getattr(method, "__func__", None) is (

@@ -20,9 +20,12 @@ import pytest
 from conftest import (
     MEMORY,
     NO_CHUNKED_PREFILL,
+    NVIDIA_QWEN3_5,
     PATCHED_VLLM,
     PATCHER,
+    VLLM,
     needs,
+    nvidia_qwen3_5,
     scratch,
     vllm_patches,
 )
@@ -31,7 +34,6 @@ from packaging.version import Version
 from speculators_hybrid import launch, planning
 from speculators_hybrid.model_registration import REGISTRAR, upstream_has
 from speculators_hybrid.models import config_dict, text_config
-from speculators_hybrid.registry import base_version
 from speculators_hybrid.vllm_patches import text_only
 
 IDS = (2, 4, 5, 8)  # speculators' default for n = 8: [2, n//2, n-3, n]
@@ -40,15 +42,9 @@ NEEDED = text_only.PATCH in PATCHER.select(vllm_patches())
 OURS = NEEDED and not PATCHED_VLLM  # the classes are ours, not vLLM's own
 # Tests that need the fix: everywhere, except a patched vLLM source without its diff.
 fixed = needs(text_only.PATCH.id) if NEEDED else pytest.mark.skipif(False, reason="")
-VLLM = base_version(PATCHER.version_of("vllm") or "0")
 # Where vLLM registers Qwen3.5: from 0.34.0 a package choosing the implementation by platform.
 REGISTERED_IN = (
     "vllm.models.qwen3_5" if VLLM >= Version("0.34") else "vllm.model_executor.models.qwen3_5"
-)
-NVIDIA = "vllm.models.qwen3_5.nvidia.model"  # what vLLM >= 0.34 builds on CUDA
-nvidia_only = pytest.mark.skipif(
-    VLLM < Version("0.34"),
-    reason=f"vLLM {VLLM} has one Qwen3.5 implementation ({NVIDIA} is new in 0.34.0)",
 )
 
 
@@ -191,7 +187,7 @@ def test_mrope_positions_are_the_token_positions():
     assert all(row.tolist() == list(range(7)) for row in positions)
 
 
-@nvidia_only
+@nvidia_qwen3_5
 @pytest.mark.parametrize("kind", ["text", "moe"])
 def test_cuda_class_has_what_the_registration_added(shim, kind):
     """On CUDA vLLM 0.34 builds the NVIDIA classes, not those the other tests resolve here:
@@ -205,8 +201,8 @@ def test_cuda_class_has_what_the_registration_added(shim, kind):
     )
 
     arch = "Qwen3_5ForCausalLM" if kind == "text" else "Qwen3_5MoeForCausalLM"
-    cls = getattr(importlib.import_module(NVIDIA), arch)
-    assert cls.__module__ == NVIDIA and cls.__name__ == arch
+    cls = getattr(importlib.import_module(NVIDIA_QWEN3_5), arch)
+    assert cls.__module__ == NVIDIA_QWEN3_5 and cls.__name__ == arch
     assert is_hybrid(cls) and supports_eagle3(cls) and supports_mrope(cls)
     assert not supports_multimodal(cls)
     config = engine_config(kind)
@@ -301,7 +297,7 @@ def kernel_names() -> Iterator[None]:
 
 @fixed
 @pytest.mark.parametrize("prefix", ["model.", "model.language_model."])
-@pytest.mark.parametrize("impl", ["registered", pytest.param("nvidia", marks=nvidia_only)])
+@pytest.mark.parametrize("impl", ["registered", pytest.param("nvidia", marks=nvidia_qwen3_5)])
 def test_model_loads_a_transformers_checkpoint(shim, one_rank, kernel_names, prefix, impl):
     """vLLM builds our class (or, patched or from 0.27, its own; `nvidia`: the class vLLM >= 0.34
     builds on CUDA) on the CPU and its loader takes every parameter from what transformers'
@@ -317,7 +313,7 @@ def test_model_loads_a_transformers_checkpoint(shim, one_rank, kernel_names, pre
         pytest.skip("vLLM 0.27.x: no model.language_model. mapping (added in 0.28.0)")
     config = engine_config()
     if impl == "nvidia":
-        cls = importlib.import_module(NVIDIA).Qwen3_5ForCausalLM
+        cls = importlib.import_module(NVIDIA_QWEN3_5).Qwen3_5ForCausalLM
     else:
         cls = model_class(config)
     with set_current_vllm_config(config), torch.device("cpu"):
