@@ -9,8 +9,11 @@ a 2,048-token file at Qwen3.6-27B size is 84 MB), through `save_whole`, through 
 own `save_file` and through one plain `write` of the same bytes, and reports GB/s together and
 seconds per file. Meanwhile the main thread, as vLLM's engine thread would, runs a tiny op in a
 loop: its longest wait and its waits of 1 ms or more summed say how long the writers held the
-GIL. Files are deleted after each run; "written" means in the page cache, as in the extraction
-benchmark.
+GIL. With `--main-thread python` it runs pure Python instead, holding the GIL as vLLM's
+scheduler does between steps: then the writers' seconds say what waiting for the GIL costs
+them. One unrecorded file first (the pool's and the disk's first use); `--repeat` runs each
+setting N times. Files are deleted after each run; "written" means in the page cache, as in
+the extraction benchmark.
 
     python benchmarks/host_write.py --folder /tmp/hw --threads 1 2 4 8 --out result.json
 """
@@ -53,7 +56,9 @@ def one_file(path: str, tensor: Any, how: str) -> float:
     return time.perf_counter() - start
 
 
-def side_by_side(folder: Path, threads: int, files: int, tensors: list[Any], how: str) -> dict:
+def side_by_side(
+    folder: Path, threads: int, files: int, tensors: list[Any], how: str, main: str = "op"
+) -> dict:
     """`files` files from `threads` threads at once; seconds, GB/s and seconds per file."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = [str(folder / f"f{i}.safetensors") for i in range(files)]
@@ -63,13 +68,14 @@ def side_by_side(folder: Path, threads: int, files: int, tensors: list[Any], how
             pool.submit(one_file, path, tensors[i % len(tensors)], how)
             for i, path in enumerate(paths)
         ]
-        waits = main_thread_waits(lambda: all(f.done() for f in futures))
+        waits = main_thread_waits(lambda: all(f.done() for f in futures), main)
         each = [f.result() for f in futures]
     seconds = time.perf_counter() - start
     written = sum(os.path.getsize(p) for p in paths)
     shutil.rmtree(folder)
     return {
         "how": how,
+        "main_thread": main,
         "threads": threads,
         "files": files,
         "seconds": seconds,
@@ -80,14 +86,18 @@ def side_by_side(folder: Path, threads: int, files: int, tensors: list[Any], how
     }
 
 
-def main_thread_waits(finished: Any) -> dict[str, float]:
-    """Run a tiny op in a loop until `finished()`; the longest gap between two of them and the
-    gaps of 1 ms or more summed, in ms."""
+def main_thread_waits(finished: Any, main: str = "op") -> dict[str, float]:
+    """Run a tiny op ("op": a torch op, which lets the GIL go; "python": pure Python, which
+    holds it, as vLLM's scheduler does between steps) in a loop until `finished()`; the longest
+    gap between two of them and the gaps of 1 ms or more summed, in ms."""
     import torch
 
     gaps, last = [], time.perf_counter()
     while not finished():
-        torch.ones(8).add_(1)
+        if main == "op":
+            torch.ones(8).add_(1)
+        else:
+            sum(range(200))
         now = time.perf_counter()
         gaps.append(now - last)
         last = now
@@ -106,11 +116,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # Distinct tensors with their pages touched, as the writer's pinned host copies are.
     tensors = [torch.full((rows, 4, 5120), i + 1.0, dtype=torch.bfloat16) for i in range(count)]
     runs = []
-    for how in args.how:
-        for threads in args.threads:
-            files = threads * args.files_per_thread
-            runs.append(side_by_side(args.folder / "run", threads, files, tensors, how))
-            print(json.dumps(runs[-1]), flush=True)
+    side_by_side(args.folder / "run", 1, 1, tensors, args.how[0])  # warm-up: the pool, the disk
+    for main in args.main_thread:
+        for how in args.how:
+            for threads in args.threads:
+                files = threads * args.files_per_thread
+                for _ in range(args.repeat):
+                    run = side_by_side(args.folder / "run", threads, files, tensors, how, main)
+                    runs.append(run)
+                    print(json.dumps(run), flush=True)
     return {
         "date": time.strftime("%Y-%m-%d"),
         "host": platform.node(),
@@ -129,10 +143,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--files-per-thread", type=int, default=2)
     ap.add_argument("--file-mb", type=float, default=84.0)
     ap.add_argument("--how", nargs="+", choices=HOW, default=list(HOW))
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each setting")
+    ap.add_argument("--main-thread", nargs="+", choices=("op", "python"), default=["op"])
     ap.add_argument("--out", type=Path, help="the JSON result (printed otherwise)")
     args = ap.parse_args(argv)
-    if min(args.threads) < 1 or args.files_per_thread < 1 or args.file_mb <= 0:
-        ap.error("--threads and --files-per-thread must be >= 1, --file-mb > 0")
+    if min(args.threads) < 1 or min(args.files_per_thread, args.repeat) < 1 or args.file_mb <= 0:
+        ap.error("--threads, --files-per-thread and --repeat must be >= 1, --file-mb > 0")
     return args
 
 

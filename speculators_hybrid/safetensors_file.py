@@ -11,11 +11,17 @@ lacks, come back as float32 (exactly: every value of them is a float32 value).
 Why `write` and not safetensors' `save_file`: the writer threads of a vLLM engine share the GIL
 with its engine thread, and `save_file` holds it while it serialises in releases before 0.8, so
 the engine thread, which launches the GPU's work, waits for each 84 MB file. `write` builds the
-header in Python and hands the tensors' own memory to `write(2)`, which runs without the GIL.
+header in Python and hands it and the tensors' own memory to one `writev(2)`, which runs without
+the GIL. The other way round, every call that lets the GIL go (a syscall, a torch op) makes the
+writer wait to get it back while the engine thread runs Python, so `write` makes few (no torch
+op on a contiguous CPU tensor, one `writev` a file). On a 2-core CPU beside a busy Python thread
+that was within the noise (benchmarks/results/2026-12-06-writer-busy-gil-cpu); the GPU host's
+tail after `generate` returns is where it counts.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -199,30 +205,56 @@ class SafetensorsFile:
         return self._tensors[name].all()
 
 
+def _raw(tensor: Any) -> tuple[memoryview, Any]:
+    """The bytes of a torch tensor, flat, and the tensor that owns them (keep it while the
+    bytes are read). A contiguous CPU tensor's own memory is read through ctypes, with no torch
+    op (each op hands the GIL back and waits to get it again, up to 5 ms while vLLM's engine
+    thread runs); anything else is copied first."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        tensor = tensor.detach().cpu().contiguous()
+    size = tensor.numel() * tensor.element_size()
+    if size == 0:
+        return memoryview(b""), tensor
+    return memoryview((ctypes.c_ubyte * size).from_address(tensor.data_ptr())).cast("B"), tensor
+
+
 def write(path: str, tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> None:
     """Write torch CPU tensors to `path` as safetensors (what `safe_open` and `load_file` read).
 
-    The header is built here; each tensor's bytes go to the file from its own memory (no copy),
-    through `write(2)`, which releases the GIL. A dtype outside DTYPE raises ValueError.
+    The header is built here; the header and each tensor's bytes (its own memory, no copy) go
+    to the file in one `writev(2)`, which releases the GIL: a writer thread asks for the GIL
+    back a handful of times a file, not once per torch call and write. A dtype outside DTYPE
+    raises ValueError.
     """
-    import torch
-
     header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
-    views, offset = [], 0
+    views, keep, offset = [], [], 0
     for name, tensor in tensors.items():
         if str(tensor.dtype) not in DTYPE:
             raise ValueError(f"tensor {name!r}: no safetensors dtype for {tensor.dtype}")
-        raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        raw, owner = _raw(tensor)
         header[name] = {
             "dtype": DTYPE[str(tensor.dtype)],
             "shape": list(tensor.shape),
             "data_offsets": [offset, offset + raw.nbytes],
         }
         views.append(raw)
+        keep.append(owner)  # the memory `raw` reads stays alive until written
         offset += raw.nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors' own
-    with open(path, "wb") as handle:
-        handle.write(struct.pack("<Q", len(text)) + text)
-        for raw in views:
-            handle.write(memoryview(raw))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, [memoryview(struct.pack("<Q", len(text)) + text), *views])
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, buffers: list[memoryview]) -> None:
+    """`os.writev` until every byte is written (the kernel may take part of a large call)."""
+    buffers = [b for b in buffers if b.nbytes]
+    while buffers:
+        done = os.writev(fd, buffers)
+        while buffers and done >= buffers[0].nbytes:
+            done -= buffers.pop(0).nbytes
+        if buffers and done:
+            buffers[0] = buffers[0][done:]

@@ -120,9 +120,12 @@ def save_whole(
     from speculators_hybrid import safetensors_file  # numpy: not for the launcher's imports
 
     aside = f"{path}.{os.getpid()}.part"
-    os.makedirs(aside, exist_ok=True)
     try:
-        inner = os.path.join(aside, "data")
+        os.mkdir(aside)  # one call: a writer thread waits for the GIL after each
+    except OSError:  # there already, or its folder is not (yet)
+        os.makedirs(aside, exist_ok=True)
+    inner = os.path.join(aside, "data")
+    try:
         if switches.on(SAFETENSORS_SAVE_ENV):
             from safetensors.torch import save_file
 
@@ -130,5 +133,10 @@ def save_whole(
         else:
             safetensors_file.write(inner, tensors, metadata)
         os.replace(inner, path)
-    finally:
+    except BaseException:
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
+    try:
+        os.rmdir(aside)
+    except OSError:  # something else was left there
         shutil.rmtree(aside, ignore_errors=True)

@@ -27,9 +27,21 @@ def test_each_thread_count_writes_its_files_and_leaves_none(tmp_path):
     assert not (tmp_path / "hw" / "run").exists()
 
 
+def test_each_main_thread_and_repeat_is_a_run(tmp_path):
+    from benchmarks import host_write
+
+    args = host_write.parse_args(
+        ["--folder", str(tmp_path / "hw"), "--threads", "2", "--file-mb", "0.5", "--how",
+         "save_whole", "--main-thread", "op", "python", "--repeat", "2"]
+    )  # fmt: skip
+    runs = [(r["main_thread"], r["how"], r["files"]) for r in host_write.run(args)["runs"]]
+    assert runs == [("op", "save_whole", 4)] * 2 + [("python", "save_whole", 4)] * 2
+
+
 def test_bad_settings_are_refused_in_one_line(capsys):
     from benchmarks import host_write
 
-    with pytest.raises(SystemExit):
-        host_write.parse_args(["--threads", "0"])
-    assert "--threads and --files-per-thread must be >= 1" in capsys.readouterr().err
+    for bad in (["--threads", "0"], ["--repeat", "0"]):
+        with pytest.raises(SystemExit):
+            host_write.parse_args(bad)
+        assert "--threads, --files-per-thread and --repeat must be >= 1" in capsys.readouterr().err

@@ -83,3 +83,32 @@ def test_a_dtype_safetensors_lacks_is_refused_before_anything_is_written(tmp_pat
     with pytest.raises(ValueError, match="complex64"):
         safetensors_file.write(str(path), {"z": torch.zeros(2, dtype=torch.complex64)})
     assert not path.exists()
+
+
+def test_a_contiguous_cpu_tensor_is_written_from_its_own_memory():
+    hidden = torch.randn(16, 4, 8).to(torch.bfloat16)
+    raw, owner = safetensors_file._raw(hidden)
+    assert owner is hidden and raw.nbytes == hidden.numel() * 2
+    assert bytes(raw) == hidden.view(torch.uint8).numpy().tobytes()
+    strided = hidden[:, ::2]
+    raw, owner = safetensors_file._raw(strided)  # copied first; the copy is kept alive
+    assert owner is not strided
+    assert bytes(raw) == strided.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def test_a_write_the_kernel_takes_in_parts_is_finished(tmp_path, monkeypatch):
+    import os
+
+    real, calls = os.writev, []
+
+    def at_most_1000_bytes(fd, buffers):
+        calls.append(len(buffers))
+        return real(fd, [buffers[0][:1000]])  # part of the first buffer only
+
+    monkeypatch.setattr(os, "writev", at_most_1000_bytes)
+    tensors = {"hidden_states": torch.randn(300, 4, 8).to(torch.bfloat16), "ids": torch.arange(5)}
+    path = str(tmp_path / "f.safetensors")
+    safetensors_file.write(path, tensors, META)
+    assert len(calls) > 3
+    back = load_file(path)
+    assert all(torch.equal(back[k], v) for k, v in tensors.items())
