@@ -50,11 +50,7 @@ nvidia_qwen3_5 = pytest.mark.skipif(
 
 # vLLM 0.22-0.23 refuse ExampleHiddenStatesConnector with chunked prefill (config/vllm.py); Mamba
 # prefix caching ("align" mode) needs chunked prefill, so they cannot cache hybrid prefixes.
-NO_CHUNKED_PREFILL = (
-    STOCK_REFUSES_CHUNKED[0]
-    <= base_version(PATCHER.version_of("vllm") or "0")
-    < STOCK_REFUSES_CHUNKED[1]
-)
+NO_CHUNKED_PREFILL = STOCK_REFUSES_CHUNKED[0] <= VLLM < STOCK_REFUSES_CHUNKED[1]
 
 # vLLM with our diffs in its source (patches/vllm, tests/upstream): the fix is vLLM's own, the
 # shim stays off, and tests marked `shim_only` (the shim's machinery, our connector class, how
@@ -86,7 +82,7 @@ if PATCHED_VLLM:
     from speculators_hybrid.vllm_patches import spec
 
     spec.HiddenStatesCacheSpec = HiddenStateCacheSpec  # type: ignore[misc]
-    release = str(base_version(PATCHER.version_of("vllm") or ""))
+    release = str(VLLM)
     DIFFED = {d.stem.split("-", 1)[1] for d in upstream.diffs(upstream.ROOT, "vllm", release)}
 
 

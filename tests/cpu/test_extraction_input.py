@@ -7,16 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import NO_CHUNKED_PREFILL, PATCHED_VLLM, PATCHER, model_dir, needs
+from conftest import NO_CHUNKED_PREFILL, PATCHED_VLLM, PATCHER, VLLM, model_dir, needs
 from packaging.version import Version
 
 from speculators_hybrid import planning
 from speculators_hybrid.models import config_dict
-from speculators_hybrid.registry import base_version
 
 pytestmark = needs("check-extraction-input")
 
-VLLM = str(base_version(PATCHER.version_of("vllm") or ""))
 # The runtime form says who refused; vLLM's own source (patches/vllm) does not.
 PREFIX = "" if PATCHED_VLLM else "speculators-hybrid: "
 # Small non-Qwen3.5 targets, as config.json alone (no weights are read on this path).
@@ -154,7 +152,7 @@ def test_a_model_class_without_eagle3_is_refused_with_class_and_version(shim, mo
 def test_without_the_patch_vllm_builds_them_and_fails_after_loading_weights(no_shim, models):
     # Qwen3-Next passes vLLM's own model-type check ("qwen") on every release.
     assert build(models["qwen3_next"], (1, 2, 4)).speculative_config is not None
-    if Version(VLLM) < Version("0.22"):  # 0.20/0.21 check model types by name, not classes
+    if VLLM < Version("0.22"):  # 0.20/0.21 check model types by name, not classes
         with pytest.raises(ValueError, match="extract_hidden_states is only supported for"):
             build(models["gpt2"], (1, 2))
     else:
@@ -163,7 +161,7 @@ def test_without_the_patch_vllm_builds_them_and_fails_after_loading_weights(no_s
 
 def test_qwen3_next_is_checked_against_this_vllm(shim, models):
     # vLLM's Qwen3NextForCausalLM implements SupportsEagle3 from 0.24.0.
-    if Version(VLLM) < Version("0.24"):
+    if VLLM < Version("0.24"):
         assert "model class Qwen3NextForCausalLM" in refused(models["qwen3_next"], (1, 2, 4))
     else:
         build(models["qwen3_next"], (1, 2, 4))

@@ -11,14 +11,12 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import PATCHER, vllm_patches
+from conftest import PATCHER, VLLM, vllm_patches
 from packaging.version import Version
 from test_prefix_hit import caching_on, run, scheduler_for  # noqa: F401 (caching_on: a fixture)
 
-from speculators_hybrid.registry import base_version
-
 pytestmark = pytest.mark.skipif(
-    base_version(PATCHER.version_of("vllm") or "0") < Version("0.27"),
+    VLLM < Version("0.27"),
     reason="upstream reconciles the hit from vLLM 0.27.0 (before: test_prefix_hit.py)",
 )
 
