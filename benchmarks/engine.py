@@ -26,6 +26,7 @@ CONNECTORS = {
     "extract-nofiles": ("NoFilesConnector", "benchmarks.nofiles"),
     "extract-timeline": ("TimelineConnector", "benchmarks.timeline"),
 }
+UPSTREAM_TIMELINE = "benchmarks.timeline_upstream"  # the timeline of vLLM's connector (>= 0.22)
 TIMELINE_SUFFIX = ".timeline.jsonl"  # timeline.SUFFIX (that module imports vLLM and torch)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -47,6 +48,14 @@ def make_prompts(lengths: list[int], vocab: int, seed: int, shared: int = 0) -> 
         prefix[:n] + [rng.randrange(1, vocab - 4) for _ in range(n - min(n, shared))]
         for n in lengths
     ]
+
+
+def own_connector_gone() -> bool:
+    """vLLM >= 0.22: hybrid extraction runs vLLM's own connector, not ours."""
+    from speculators_hybrid.registry import base_version
+    from speculators_hybrid.versions import installed
+
+    return base_version(installed("vllm") or "0").release >= (0, 22)
 
 
 def engine_kwargs(spec: dict[str, Any], fields: set[str]) -> dict[str, Any]:
@@ -72,6 +81,8 @@ def engine_kwargs(spec: dict[str, Any], fields: set[str]) -> dict[str, Any]:
         kwargs.update(extraction_args(tuple(spec["layer_ids"]), spec["storage"]))
     if spec["mode"] in CONNECTORS:  # benchmarks/nofiles.py, timeline.py (import vLLM, torch)
         connector, module = CONNECTORS[spec["mode"]]
+        if spec["mode"] == "extract-timeline" and own_connector_gone():
+            module = UPSTREAM_TIMELINE
         transfer = kwargs["kv_transfer_config"]
         transfer.update(kv_connector=connector, kv_connector_module_path=module)
     if spec.get("profile_dir") and "profiler_config" in fields:  # --profile: one pass after

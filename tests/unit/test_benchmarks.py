@@ -275,9 +275,14 @@ def test_nofiles_mode_runs_the_benchmark_connector_and_expects_no_files():
     assert not engine.writes_files("extract-nofiles") and engine.writes_files("extract")
 
 
-def test_timeline_mode_runs_the_timing_connector_and_writes_files():
+def test_timeline_mode_runs_the_timing_connector_and_writes_files(monkeypatch):
     assert benchmark_connector("extract-timeline") == ("TimelineConnector", "benchmarks.timeline")
     assert engine.writes_files("extract-timeline")
+    monkeypatch.setattr(engine, "own_connector_gone", lambda: True)  # vLLM >= 0.22
+    assert benchmark_connector("extract-timeline") == (
+        "TimelineConnector",
+        "benchmarks.timeline_upstream",
+    )
 
 
 def test_a_timeline_is_summed_up_as_seconds_into_the_pass(tmp_path):
