@@ -11,7 +11,8 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
 - extract-instep: extract with SPECULATORS_HYBRID_ASYNC_WRITES=0 (files written in the step);
 - extract-nofiles: extract with the file path cut off (benchmarks/nofiles.py, vLLM < 0.22);
 - extract-timeline: extract with each file's submit/copy/write times and the engine thread's
-  time in the step's parts (benchmarks/timeline.py, vLLM < 0.22), summed up per pass in the JSON;
+  time in the step's parts (benchmarks/timeline.py; timeline_upstream.py for vLLM's
+  own connector, >= 0.24), summed up per pass in the JSON;
 - extract-wide / extract-onelayer: extract with SPECULATORS_HYBRID_WIDE_HIDDEN=1 / =0 (the
   hidden states in one group as wide as the model's, the default on vLLM < 0.22 with prefix
   caching off, or in one-layer groups);
@@ -22,7 +23,10 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
   (SPECULATORS_HYBRID_SAFETENSORS_SAVE=1), to measure our GIL-free writer against it;
 - extract-paced: extract with each file's host copy paced in 8 MiB pieces
   (SPECULATORS_HYBRID_COPY_CHUNK_MIB=8, vLLM < 0.22), to measure the pacing against extract;
-  extract-paced2: the same in 2 MiB pieces.
+  extract-paced2: the same in 2 MiB pieces;
+- extract-copy-at-queue: extract with each file's copy waiting for all work launched until the
+  step that queues it, as vLLM >= 0.24 makes it wait
+  (SPECULATORS_HYBRID_DISABLED_PATCHES=hidden-states-copy-when-ready), against extract.
 
 Workloads: `fixed` (N prompts x L tokens), `chat` (N prompts, seeded log-uniform lengths
 of 100-8,000 tokens) or `shared-prefix` (N prompts x L tokens whose first `--shared-prefix-len`
@@ -105,6 +109,7 @@ MODES = (
     "extract-save-file",
     "extract-paced",
     "extract-paced2",
+    "extract-copy-at-queue",
 )
 # The environment each extraction mode adds to the engine's (the opt-in switches of the plugin).
 MODE_ENV: dict[str, dict[str, str]] = {
@@ -117,6 +122,8 @@ MODE_ENV: dict[str, dict[str, str]] = {
     "extract-save-file": {SAFETENSORS_SAVE: "1"},  # safetensors' save_file writes the files
     "extract-paced": {COPY_CHUNK: "8"},  # host copies paced in 8 MiB pieces
     "extract-paced2": {COPY_CHUNK: "2"},  # in 2 MiB pieces
+    # vLLM >= 0.24: each copy waits for all work launched until the step that queues it
+    "extract-copy-at-queue": {DISABLED_PATCHES: "hidden-states-copy-when-ready"},
 }
 WORKLOADS = ("fixed", "chat", "shared-prefix")
 SHARED_PREFIX = 1000  # tokens of the shared-prefix workload's common system prompt

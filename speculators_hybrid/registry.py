@@ -36,6 +36,13 @@ def argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
     return args[index] if len(args) > index else kwargs[name]
 
 
+def state_on(obj: Any, name: str, make: Callable[[], Any]) -> Any:
+    """A patch's own state kept on a patched object (made on first use): `obj.<name>`."""
+    if not hasattr(obj, name):
+        setattr(obj, name, make())
+    return getattr(obj, name)
+
+
 class PatchError(RuntimeError):
     """A target of a selected patch is missing or is not the code the patch was written for."""
 

@@ -7,6 +7,7 @@ from speculators_hybrid.vllm_patches import (
     accepted_counts,
     backup_tokens,
     chunked_prompts,
+    copy_ready,
     eagle3_falcon_h1,
     eagle3_granite,
     eagle3_jamba,
@@ -56,6 +57,7 @@ PATCHES: tuple[Patch, ...] = (
     file_names.PATCH,
     whole_prompts.PATCH,
     folder_faults.PATCH,
+    copy_ready.PATCH,  # after folder_faults, so outside it: a skipped write's event goes too
     extraction_input.PATCH,
     layer_zero.PATCH,
     runner_v1.PATCH,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from speculators_hybrid.registry import Patch, Target, argument
+from speculators_hybrid.registry import Patch, Target, argument, state_on
 from speculators_hybrid.vllm_patches.writer import report_failure
 
 CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
@@ -27,9 +27,7 @@ REFUSED = "_speculators_hybrid_refused"  # per connector: requests whose file ca
 
 
 def _refused(connector: Any) -> set[str]:
-    if not hasattr(connector, REFUSED):
-        setattr(connector, REFUSED, set())
-    return getattr(connector, REFUSED)
+    return state_on(connector, REFUSED, set)
 
 
 def _first_without_lock(connector: Any) -> tuple[str, str] | None:

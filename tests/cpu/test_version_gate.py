@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from conftest import PATCHER, vllm_patches
+from conftest import PATCHER, VLLM, vllm_patches
 
 from speculators_hybrid.cli import main
-from speculators_hybrid.registry import base_version
 
 PROVENANCE = "hidden-states-provenance"  # upstream's connector writes from 0.22
 TEXT_ONLY = "qwen3_5-text-only-models"  # vLLM registers the classes from 0.27
@@ -78,13 +77,15 @@ EVERY_RELEASE |= {  # EAGLE-3 auxiliary hidden states for the hybrid families vL
     "zamba2-eagle3",
 }
 NEEDED = {release: needed | EVERY_RELEASE for release, needed in NEEDED.items()}
-# vLLM's connector makes each request's lock in wait_for_save from 0.24 (no upstream fix yet)
+# vLLM's connector makes each request's lock in wait_for_save, and queues each copy a step or
+# two after the request's own, from 0.24 (no upstream fix yet)
 FAULTS = "hidden-states-folder-faults"
-NEEDED = {r: n | ({FAULTS} if WHOLE in n else set()) for r, n in NEEDED.items()}
+COPY_READY = "hidden-states-copy-when-ready"
+NEEDED = {r: n | ({FAULTS, COPY_READY} if WHOLE in n else set()) for r, n in NEEDED.items()}
 
 
 def test_installed_vllm_selects_exactly_its_patches():
-    version = str(base_version(PATCHER.version_of("vllm") or ""))
+    version = str(VLLM)
     assert version in NEEDED, f"add vLLM {version} to the table"
     assert {p.id for p in PATCHER.select(vllm_patches())} == NEEDED[version]
 
@@ -92,7 +93,7 @@ def test_installed_vllm_selects_exactly_its_patches():
 def test_patches_list_says_what_applies_here(capsys):
     assert main(["patches", "list"]) == 0
     out = capsys.readouterr().out
-    version = str(base_version(PATCHER.version_of("vllm") or ""))
+    version = str(VLLM)
     for patch in vllm_patches():
         state = "applies here" if patch.id in NEEDED[version] else "not needed here"
         assert f"{patch.id}  [{state}]" in out

@@ -17,13 +17,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import PATCHED_VLLM, PATCHER, engine_scheduler, model_output, vllm_patches
+from conftest import PATCHED_VLLM, PATCHER, VLLM, engine_scheduler, model_output, vllm_patches
 
-from speculators_hybrid.registry import base_version
 from speculators_hybrid.vllm_patches.connector import slots_for
 
 CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
-VLLM = base_version(PATCHER.version_of("vllm") or "0")
 # 0.22-0.23 read during the forward pass; 0.24+ a step after the request finished.
 READS_IN_FORWARD = VLLM.release < (0, 24)
 # The hidden cache view: [blocks, block, ids, hidden] (V1 runner), [blocks, ids, block, hidden]
@@ -72,9 +70,13 @@ class CpuTorch:
 
 @pytest.fixture
 def cpu_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-ins where vLLM's connector and our copy-when-ready patch reach CUDA."""
     import importlib
 
+    from speculators_hybrid.vllm_patches import copy_ready
+
     monkeypatch.setattr(importlib.import_module(CONNECTOR), "torch", CpuTorch())
+    monkeypatch.setattr(copy_ready, "_cuda", lambda: CpuTorch.cuda)
 
 
 @contextlib.contextmanager

@@ -68,9 +68,11 @@ NAMES = {"granite-layer-type-names"}  # vLLM 0.20-0.25: transformers >= 5.13's l
 ALL_MODE = {"no-prefix-caching-for-mamba-all-mode"}  # 0.22-0.31: the engine core would stop
 HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
 RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2
-WHOLE = {  # 0.24+ save at request_finished, and make each request's lock in wait_for_save
+WHOLE = {  # 0.24+ save at request_finished, make each request's lock in wait_for_save, and
+    # queue each copy a step or two after the request's own
     "hidden-states-whole-prompts-only",
     "hidden-states-folder-faults",
+    "hidden-states-copy-when-ready",
 }
 
 

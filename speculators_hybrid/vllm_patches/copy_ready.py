@@ -1,0 +1,121 @@
+"""Each file's copy off the GPU waits for its request's own step, not a later one (vLLM >= 0.24).
+
+Why: vLLM's hidden-states connector queues a finished request's copy to the host in a later
+step's `get_finished`, after that step's forward is launched, and makes the copy wait for all
+work launched so far: with async scheduling (vLLM 0.25.0's runner and engine loop, read) a
+step's files are copied only once the next step but one has run, so at the end of a batch up
+to three steps' files (24 of 84 MB at the 27B size, 16,384 tokens a step) are copied and
+written after `generate` returns, with nothing left on the GPU to hide them behind: vLLM
+0.25.0 + plugin had its files complete 0.11-0.16 s after `generate` returned (2026-12-03),
+0.975x of plain prefill.
+How: the scheduler's connector lists, with each step's metadata, the requests that step
+computes; the worker's `wait_for_save`, which vLLM calls once the step's work (the draft
+model's included) is launched, records a CUDA event there for those requests. When a
+request's copy is queued, it waits for that event only (on a stream of its own that vLLM's copy
+stream then waits for), so it runs beside the steps after it. A request with no event (none
+recorded yet) waits as vLLM makes it wait.
+Upstream: none yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from speculators_hybrid.registry import Patch, Target, argument, state_on
+
+CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+SCHEDULED = "scheduled_req_ids"  # on the step's metadata: the requests it computes
+STATE = "_speculators_hybrid_copy_ready"  # per worker connector
+
+
+def _cuda() -> Any:
+    import torch
+
+    return torch.cuda
+
+
+class ReadyEvents:
+    """Per worker connector: the event each request's last step recorded, and a stream that
+    waits for one of them while vLLM queues the copy. The one stream keeps every wait it was
+    given, so a copy queued after a later request's waits for that one's step too: never
+    longer than vLLM's own wait, for all work launched."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, Any] = {}
+        self.stream: Any = None
+
+    def step_done(self, req_ids: Any) -> None:
+        if not req_ids:
+            return
+        cuda = _cuda()
+        event = cuda.Event()
+        event.record()  # after the step's work on the current (compute) stream
+        for req_id in req_ids:
+            self.events[req_id] = event
+
+    def waiting_stream(self, req_id: str) -> Any:
+        """A stream whose position is the request's event, or None if it has none."""
+        event = self.events.pop(req_id, None)
+        if event is None:
+            return None
+        cuda = _cuda()
+        if self.stream is None:
+            self.stream = cuda.Stream()
+        self.stream.wait_event(event)
+        return self.stream
+
+
+def _state(connector: Any) -> ReadyEvents:
+    return state_on(connector, STATE, ReadyEvents)
+
+
+def _build_meta(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    meta = wrapped(*args, **kwargs)
+    scheduler_output = argument(args, kwargs, 0, "scheduler_output")
+    setattr(meta, SCHEDULED, list(scheduler_output.num_scheduled_tokens))
+    return meta
+
+
+def _wait_for_save(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    result = wrapped(*args, **kwargs)
+    if instance._is_tp_rank_zero and instance.has_connector_metadata():
+        _state(instance).step_done(getattr(instance._get_connector_metadata(), SCHEDULED, ()))
+    return result
+
+
+def _submit(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    pending = argument(args, kwargs, 0, "pending")
+    stream = _state(instance).waiting_stream(pending.req_id)
+    if stream is None:
+        return wrapped(*args, **kwargs)
+    with _cuda().stream(stream):  # vLLM marks "ready" on the current stream: here, the event
+        return wrapped(*args, **kwargs)
+
+
+PATCH = Patch(
+    id="hidden-states-copy-when-ready",
+    project="vllm",
+    versions=">=0.24",
+    fixed_upstream="none yet",
+    why=__doc__ or "",
+    targets=(
+        Target(
+            CONNECTOR,
+            "ExampleHiddenStatesConnector.build_connector_meta",
+            _build_meta,
+            ("7a379fa4d2bad460",),  # 0.24.0-0.34.0
+        ),
+        Target(
+            CONNECTOR,
+            "ExampleHiddenStatesConnector.wait_for_save",
+            _wait_for_save,
+            ("0d3c09e2b4e71fb9",),  # 0.24.0-0.34.0
+        ),
+        Target(
+            CONNECTOR,
+            "ExampleHiddenStatesConnector._submit_async_write",
+            _submit,
+            ("3919eee304b9859f", "3bb02be9a07dc09c"),  # 0.24.0-0.29.0, 0.30.0-0.34.0
+        ),
+    ),
+)
