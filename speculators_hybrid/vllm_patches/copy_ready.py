@@ -38,25 +38,34 @@ class ReadyEvents:
     """Per worker connector: the event each request's last step recorded, and a stream that
     waits for one of them while vLLM queues the copy. The one stream keeps every wait it was
     given, so a copy queued after a later request's waits for that one's step too: never
-    longer than vLLM's own wait, for all work launched."""
+    longer than vLLM's own wait, for all work launched. A request that ends with no file
+    (aborted, refused) leaves its event: it goes once KEEP steps have passed, and a copy queued
+    later than that waits as vLLM makes it wait."""
+
+    KEEP = 16  # steps; vLLM queues a copy at most two steps after its request's own
 
     def __init__(self) -> None:
-        self.events: dict[str, Any] = {}
+        self.events: dict[str, tuple[int, Any]] = {}  # req_id -> (step, event)
+        self.step = 0
         self.stream: Any = None
 
     def step_done(self, req_ids: Any) -> None:
+        self.step += 1
         if not req_ids:
             return
         cuda = _cuda()
         event = cuda.Event()
         event.record()  # after the step's work on the current (compute) stream
         for req_id in req_ids:
-            self.events[req_id] = event
+            self.events[req_id] = (self.step, event)
+        if self.step % self.KEEP == 0:
+            oldest = self.step - self.KEEP
+            self.events = {r: e for r, e in self.events.items() if e[0] > oldest}
 
     def waiting_stream(self, req_id: str) -> Any:
         """A stream whose position is the request's event, or None if it has none."""
-        event = self.events.pop(req_id, None)
-        if event is None:
+        step, event = self.events.pop(req_id, (0, None))
+        if event is None or step <= self.step - self.KEEP:
             return None
         cuda = _cuda()
         if self.stream is None:

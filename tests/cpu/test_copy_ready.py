@@ -158,3 +158,20 @@ def test_without_the_patch_the_copy_waits_for_everything_launched(shim, tmp_path
         extract(ex, "req-1", torch.randn(40, 3, 256))
         _, at = ready_for_copy(log, ex.worker._get_copy_stream())
     assert at > queued[-1]  # marked as the copy was queued, after that step's launches
+
+
+def test_events_of_requests_that_write_no_file_do_not_pile_up(log):
+    ready = copy_ready.ReadyEvents()
+    ready.step_done(["aborted"])  # its copy is never queued
+    for step in range(3 * ready.KEEP):
+        ready.step_done([f"req-{step}"])
+        assert ready.waiting_stream(f"req-{step}") is not None  # its own event, one step on
+    assert "aborted" not in ready.events and len(log.step_events) == 3 * ready.KEEP + 1
+
+
+def test_a_copy_queued_after_its_event_was_let_go_waits_as_vllm_makes_it(log):
+    ready = copy_ready.ReadyEvents()
+    ready.step_done(["late"])
+    for _ in range(ready.KEEP):
+        ready.step_done([])
+    assert ready.waiting_stream("late") is None
