@@ -51,13 +51,11 @@ class ReadyEvents:
 
     def step_done(self, req_ids: Any) -> None:
         self.step += 1
-        if not req_ids:
-            return
-        cuda = _cuda()
-        event = cuda.Event()
-        event.record()  # after the step's work on the current (compute) stream
-        for req_id in req_ids:
-            self.events[req_id] = (self.step, event)
+        if req_ids:
+            event = _cuda().Event()
+            event.record()  # after the step's work on the current (compute) stream
+            for req_id in req_ids:
+                self.events[req_id] = (self.step, event)
         if self.step % self.KEEP == 0:
             oldest = self.step - self.KEEP
             self.events = {r: e for r, e in self.events.items() if e[0] > oldest}
