@@ -267,7 +267,7 @@ def export(root: Path, project: str, version: str, repo: Path) -> list[Path]:
 
 
 def _check_cli(args: argparse.Namespace) -> int:
-    root = Path(args.root)
+    root = Path(args.root).resolve()
     if args.source and len(args.project or ()) * len(args.version or ()) != 1:
         print("check: --source needs exactly one --project and one --version", file=sys.stderr)
         return 2
@@ -292,13 +292,14 @@ def _check_cli(args: argparse.Namespace) -> int:
 
 
 def _unpack_cli(args: argparse.Namespace) -> int:
-    where = unpack(Path(args.root), args.project, args.version, Path(args.dest), args.source)
+    root = Path(args.root).resolve()
+    where = unpack(root, args.project, args.version, Path(args.dest), args.source)
     print(f"{args.dest}: {args.project} {args.version} from {where}, one commit per diff")
     return 0
 
 
 def _export_cli(args: argparse.Namespace) -> int:
-    for path in export(Path(args.root), args.project, args.version, Path(args.repo)):
+    for path in export(Path(args.root).resolve(), args.project, args.version, Path(args.repo)):
         print(f"wrote {path}")
     return 0
 

@@ -124,3 +124,18 @@ def test_cli_check_exit_status(tmp_path, release, capsys):
     assert main(args) == 1  # no vLLM 1.0 diffs there
     assert "vllm 1.0: no diffs" in capsys.readouterr().out
     assert main([*args[:-4], "--source", str(release)]) == 2  # --source needs one release
+
+
+def test_cli_unpack_takes_a_root_relative_to_the_current_folder(tmp_path, monkeypatch):
+    source = tmp_path / "pristine"
+    (source / "vllm").mkdir(parents=True)
+    (source / "vllm" / "core.py").write_text(ORIGINAL)
+    repo = tmp_path / "work"
+    upstream.unpack(tmp_path / "patches", "vllm", "9.9", repo, source=source)
+    (repo / "vllm" / "core.py").write_text(ORIGINAL.replace("41", "42"))
+    _commit(repo, f"0001-fix-answer\n\n{HEADER}")
+    upstream.export(tmp_path / "patches", "vllm", "9.9", repo)
+    monkeypatch.chdir(tmp_path)
+    args = ["patches", "unpack", "--version", "9.9", "--root", "patches", "--source", "pristine"]
+    assert main([*args, "again"]) == 0
+    assert "return 42" in (tmp_path / "again" / "vllm" / "core.py").read_text()
