@@ -130,8 +130,10 @@ def with_triton() -> Iterator[None]:
         triton_utils.HAS_TRITON = found
 
 
+@functools.cache
 def planning_platform() -> Any:
     """vLLM's CPU platform with the host's facts fixed, so a plan is the same on every host.
+    One instance per process: vLLM modules that bound `current_platform` keep seeing it.
 
     The one place where planning on the CPU is made host-independent. Overrides, each a
     question vLLM asks of the host:
