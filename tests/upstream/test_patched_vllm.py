@@ -42,7 +42,7 @@ MUST_PASS = {
     "test_a_model_class_without_eagle3_is_refused_with_class_and_version": "",
     "test_engine_config_resolves_the_text_only_class": "<0.27",
     "test_model_loads_a_transformers_checkpoint": "<0.27",
-    "test_hybrid_extraction_runs_on_v1_and_vllm_says_why": ">=0.29",
+    "test_hybrid_extraction_runs_on_v1_and_vllm_says_why": ">=0.29,<0.34",  # V1 runner gone
     "test_extraction_config_is_accepted": "",  # nemotron_h-eagle3 < 0.22, granitemoehybrid after
     "test_forward_returns_aux_states_at_the_ids": ">=0.22",  # Granite < 0.26: with the names diff
     "test_granite_builds_each_layer_from_the_new_type_names": ">=0.22,<0.26",
