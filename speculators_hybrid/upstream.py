@@ -291,15 +291,33 @@ def _check_cli(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _failed(command: str, exc: Exception) -> int:
+    """One line on stderr for a failed unpack or export, and exit status 2."""
+    if isinstance(exc, subprocess.CalledProcessError):
+        detail = (exc.stderr or "").strip().splitlines()[-1:] or [str(exc)]
+        exc = RuntimeError(f"git {exc.cmd[len(_IDENTITY) + 1]}: {detail[0]}")
+    print(f"{command}: {exc}", file=sys.stderr)
+    return 2
+
+
 def _unpack_cli(args: argparse.Namespace) -> int:
-    root = Path(args.root).resolve()
-    where = unpack(root, args.project, args.version, Path(args.dest), args.source)
+    root, dest = Path(args.root).resolve(), Path(args.dest)
+    if dest.exists():
+        return _failed("unpack", FileExistsError(f"{dest} exists: name a new folder"))
+    try:
+        where = unpack(root, args.project, args.version, dest, args.source)
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        return _failed("unpack", exc)
     print(f"{args.dest}: {args.project} {args.version} from {where}, one commit per diff")
     return 0
 
 
 def _export_cli(args: argparse.Namespace) -> int:
-    for path in export(Path(args.root).resolve(), args.project, args.version, Path(args.repo)):
+    try:
+        written = export(Path(args.root).resolve(), args.project, args.version, Path(args.repo))
+    except (OSError, ValueError, subprocess.CalledProcessError) as exc:
+        return _failed("export", exc)
+    for path in written:
         print(f"wrote {path}")
     return 0
 

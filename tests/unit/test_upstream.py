@@ -139,3 +139,14 @@ def test_cli_unpack_takes_a_root_relative_to_the_current_folder(tmp_path, monkey
     args = ["patches", "unpack", "--version", "9.9", "--root", "patches", "--source", "pristine"]
     assert main([*args, "again"]) == 0
     assert "return 42" in (tmp_path / "again" / "vllm" / "core.py").read_text()
+
+
+def test_cli_unpack_and_export_say_what_went_wrong_in_one_line(tmp_path, capsys):
+    (tmp_path / "taken").mkdir()
+    assert main(["patches", "unpack", "--version", "9.9", str(tmp_path / "taken")]) == 2
+    assert capsys.readouterr().err == f"unpack: {tmp_path / 'taken'} exists: name a new folder\n"
+    (tmp_path / "plain").mkdir()  # not a repository made by unpack
+    args = ["patches", "export", "--version", "9.9", "--root", str(tmp_path / "patches")]
+    assert main([*args, str(tmp_path / "plain")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("export: git rev-list: ") and err.count("\n") == 1
