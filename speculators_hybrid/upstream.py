@@ -307,6 +307,7 @@ def _unpack_cli(args: argparse.Namespace) -> int:
     try:
         where = unpack(root, args.project, args.version, dest, args.source)
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        shutil.rmtree(dest, ignore_errors=True)  # made here, half done
         return _failed("unpack", exc)
     print(f"{args.dest}: {args.project} {args.version} from {where}, one commit per diff")
     return 0

@@ -150,3 +150,16 @@ def test_cli_unpack_and_export_say_what_went_wrong_in_one_line(tmp_path, capsys)
     assert main([*args, str(tmp_path / "plain")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("export: git rev-list: ") and err.count("\n") == 1
+
+
+def test_cli_unpack_that_fails_leaves_no_half_made_folder(tmp_path, capsys):
+    source = tmp_path / "pristine"
+    (source / "vllm").mkdir(parents=True)
+    (source / "vllm" / "core.py").write_text("nothing the diff expects\n")
+    diff = tmp_path / "patches" / "vllm" / "9.9" / "0001-fix-answer.patch"
+    diff.parent.mkdir(parents=True)
+    diff.write_text(f"{HEADER}\n--- a/vllm/core.py\n+++ b/vllm/core.py\n@@ -1 +1 @@\n-x\n+y\n")
+    args = ["patches", "unpack", "--version", "9.9", "--root", str(tmp_path / "patches")]
+    assert main([*args, "--source", str(source), str(tmp_path / "work")]) == 2
+    assert capsys.readouterr().err.startswith("unpack: git apply: ")
+    assert not (tmp_path / "work").exists()
