@@ -20,13 +20,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     ExampleHiddenStatesConnector,
 )
 
+from benchmarks import timeline
 from benchmarks.timeline import HOST_TIMED, SUFFIX, _record, _time_calls, owner_class
 
 __all__ = ["TimelineConnector", "UPSTREAM_TIMED", "owner_class"]
 _log: str | None = None  # set by the first connector of the process
 _submitted: dict[str, float] = {}
 UPSTREAM_TIMED = (
-    *(t for t in HOST_TIMED if not t[0].startswith("benchmarks.timeline:")),  # not our connector
+    *(t for t in HOST_TIMED if not t[0].startswith(f"{timeline.__name__}:")),  # not our connector
     (f"{__name__}:TimelineConnector", "get_finished"),
 )
 

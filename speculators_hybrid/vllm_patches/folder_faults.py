@@ -77,13 +77,13 @@ PATCH = Patch(
             CONNECTOR,
             "ExampleHiddenStatesConnector.wait_for_save",
             _wait_for_save,
-            ("0d3c09e2b4e71fb9",),  # 0.24.0-0.33.0
+            ("0d3c09e2b4e71fb9",),  # 0.24.0-0.34.0
         ),
         Target(
             CONNECTOR,
             "ExampleHiddenStatesConnector._submit_async_write",
             _submit,
-            ("3919eee304b9859f", "3bb02be9a07dc09c"),  # 0.24.0-0.29.0, 0.30.0-0.33.0
+            ("3919eee304b9859f", "3bb02be9a07dc09c"),  # 0.24.0-0.29.0, 0.30.0-0.34.0
         ),
     ),
 )

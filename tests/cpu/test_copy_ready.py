@@ -36,7 +36,10 @@ class Log:
 
 
 def recording_cuda(log: Log) -> Any:
-    class Event:
+    """upstream_worker's CPU stand-ins, with records and waits logged."""
+    stand_in = CpuTorch.cuda
+
+    class Event(stand_in.Event):
         def record(self, stream: Any = None) -> None:
             log.clock += 1
             log.alive.append(self)
@@ -45,13 +48,7 @@ def recording_cuda(log: Log) -> Any:
             if where == "compute":
                 log.step_events.append(id(self))
 
-        def synchronize(self) -> None:
-            return None
-
-        def query(self) -> bool:
-            return True
-
-    class Stream:
+    class Stream(stand_in.Stream):
         def wait_event(self, event: Any) -> None:
             log.alive.append(event)
             log.waits.append((self, id(event)))
