@@ -663,6 +663,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     failed = 0
+    # device.sh's `timeout` sends SIGTERM: exit through run_engine's `finally`, which kills the
+    # engine's process group (by default Python dies at once and the engine keeps the GPU).
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     if not args.table_only:
         args.out, args.work = args.out.resolve(), args.work.resolve()
         start = time.perf_counter()

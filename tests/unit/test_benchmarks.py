@@ -350,6 +350,45 @@ def test_cpu_seconds_cover_the_children(tmp_path):
     assert engine.median_of([{"x": 1}, {"x": None}], lambda r: r["x"]) is None
 
 
+def test_a_driver_stopped_by_sigterm_takes_its_engine_down(tmp_path):
+    """device.sh's `timeout` sends SIGTERM to the driver; the engine (here a stand-in that
+    sleeps, started by the real run_engine) must not outlive it and keep the GPU."""
+    pid_file = tmp_path / "engine.pid"
+    standin = tmp_path / "standin.py"
+    standin.write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+    )
+    driver = (
+        f"import sys; sys.path.insert(0, {str(Path(bench.__file__).parents[1])!r})\n"
+        "from benchmarks import extraction as bench\n"
+        "bench.ensure_models = lambda *args: None\n"
+        f"bench.__file__ = {str(standin)!r}\n"
+        f"sys.exit(bench.main(['--out', {str(tmp_path / 'out')!r}, '--work', "
+        f"{str(tmp_path / 'work')!r}, '--models', 'hybrid', '--size', 'tiny', "
+        "'--modes', 'extract', '--engine-timeout', '60']))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", driver])
+    engine_pid = None
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "the engine never started"
+            time.sleep(0.1)
+        engine_pid = int(pid_file.read_text())
+        proc.terminate()
+        code = proc.wait(timeout=20)
+        with pytest.raises(ProcessLookupError):
+            os.kill(engine_pid, 0)
+        assert code == 143
+    finally:
+        proc.kill()
+        if engine_pid is not None:
+            try:
+                os.kill(engine_pid, 9)
+            except ProcessLookupError:
+                pass
+
+
 # ---------------------------------------------------------------- files
 
 
