@@ -14,6 +14,8 @@ model's included) is launched, records a CUDA event there for those requests. Wh
 request's copy is queued, it waits for that event only (on a stream of its own that vLLM's copy
 stream then waits for), so it runs beside the steps after it. A request with no event (none
 recorded yet) waits as vLLM makes it wait.
+Measured (2026-12-06, H100, CUDA graphs): 0.986x of plain prefill with files complete, 1.6%
+faster than with the patch off side by side (benchmarks/results).
 Upstream: none yet.
 """
 
