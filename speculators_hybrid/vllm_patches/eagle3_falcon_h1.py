@@ -1,7 +1,7 @@
 """EAGLE-3 auxiliary hidden states for Falcon-H1 (`FalconH1ForCausalLM`).
 
 Why: vLLM's `FalconH1ForCausalLM` (`falcon_h1`: each layer runs attention and Mamba-2 side by
-side) has no `SupportsEagle3` in any release 0.20.0-0.33.0, so `extract_hidden_states` fails
+side) has no `SupportsEagle3` in any release 0.20.0-0.34.0, so `extract_hidden_states` fails
 after loading the weights ("Model does not support EAGLE3 interface"). On 0.20/0.21 vLLM's
 SpeculativeConfig also refuses the model type by name (not in its list): extraction-model-type-
 list (eagle3_model_types.py) lets it through.
@@ -68,7 +68,7 @@ PATCH = Patch(
             MODULE,
             "FalconH1Model.forward",
             replacing(falcon_h1_forward),
-            ("c03e2b8d34f71bc2",),  # 0.20.0-0.33.0
+            ("c03e2b8d34f71bc2",),  # 0.20.0-0.34.0
             replaces=True,
         ),
         Target(
@@ -80,7 +80,7 @@ PATCH = Patch(
                 "7c34d9c61603ef0f",  # 0.25.0-0.28.0
                 "7d33d33ebbb16cee",  # 0.29.0-0.31.0
                 "eb3571054ab4593e",  # 0.32.0
-                "4775ab15581cb762",  # 0.33.0
+                "4775ab15581cb762",  # 0.33.0-0.34.0
             ),
             replaces=True,
         ),

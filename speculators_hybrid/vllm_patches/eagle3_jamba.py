@@ -1,7 +1,7 @@
 """EAGLE-3 auxiliary hidden states for Jamba (`JambaForCausalLM`).
 
 Why: vLLM's `JambaForCausalLM` (`jamba`: Mamba + attention + MoE, AI21's Jamba) has no
-`SupportsEagle3` in any release 0.20.0-0.33.0, so `extract_hidden_states` fails after loading
+`SupportsEagle3` in any release 0.20.0-0.34.0, so `extract_hidden_states` fails after loading
 the weights ("Model does not support EAGLE3 interface"). On 0.20/0.21 vLLM's SpeculativeConfig
 also refuses the model type by name (not in its list): extraction-model-type-list
 (eagle3_model_types.py) lets it through.
@@ -35,7 +35,7 @@ PATCH = Patch(
             MODULE,
             "JambaModel.forward",
             replacing(jamba_forward),
-            ("9a2671486af267f8",),  # 0.20.0-0.33.0
+            ("9a2671486af267f8",),  # 0.20.0-0.34.0
             replaces=True,
         ),
         Target(
@@ -45,7 +45,7 @@ PATCH = Patch(
             (
                 "890ffcecbadc2777",  # 0.20.0-0.25.1
                 "e4d916f6dd2d0042",  # 0.26.0-0.32.0
-                "67190090565dd350",  # 0.33.0
+                "67190090565dd350",  # 0.33.0-0.34.0
             ),
             replaces=True,
         ),

@@ -1,7 +1,7 @@
 """EAGLE-3 auxiliary hidden states for LFM2 (`Lfm2ForCausalLM`).
 
 Why: vLLM's `Lfm2ForCausalLM` (`lfm2`: short gated convolutions + attention, Liquid's LFM2) has
-no `SupportsEagle3` in any release 0.20.0-0.33.0, so `extract_hidden_states` fails after loading
+no `SupportsEagle3` in any release 0.20.0-0.34.0, so `extract_hidden_states` fails after loading
 the weights ("Model does not support EAGLE3 interface"). On 0.20/0.21 vLLM's SpeculativeConfig
 also refuses the model type by name (not in its list): extraction-model-type-list
 (eagle3_model_types.py) lets it through.
@@ -34,7 +34,7 @@ PATCH = Patch(
             MODULE,
             "Lfm2Model.forward",
             replacing(lfm2_forward),
-            ("f096226babbc353d",),  # 0.20.0-0.33.0
+            ("f096226babbc353d",),  # 0.20.0-0.34.0
             replaces=True,
         ),
         Target(
@@ -45,7 +45,7 @@ PATCH = Patch(
                 "e2c1fa3442d7eb71",  # 0.20.0-0.24.0
                 "8385554ac9c0d44e",  # 0.25.0-0.28.0
                 "ebb4267905968a09",  # 0.29.0-0.31.0
-                "76a0391e239d6fd4",  # 0.32.0-0.33.0
+                "76a0391e239d6fd4",  # 0.32.0-0.34.0
             ),
             replaces=True,
         ),

@@ -2,7 +2,7 @@
 
 Why: vLLM's `Lfm2MoeForCausalLM` (`lfm2_moe`: LFM2's short gated convolutions + attention, with
 sparse MoE feed-forwards after the first dense layers; Liquid's LFM2-8B-A1B) has no
-`SupportsEagle3` in any release 0.20.0-0.33.0, so `extract_hidden_states` fails after loading
+`SupportsEagle3` in any release 0.20.0-0.34.0, so `extract_hidden_states` fails after loading
 the weights ("Model does not support EAGLE3 interface"). On 0.20/0.21 vLLM's SpeculativeConfig
 also refuses the model type by name (not in its list): extraction-model-type-list
 (eagle3_model_types.py) lets it through.
@@ -36,7 +36,7 @@ PATCH = Patch(
             MODULE,
             "Lfm2MoeModel.forward",
             replacing(lfm2_moe_forward),
-            ("f096226babbc353d",),  # 0.20.0-0.33.0 (the same code as Lfm2Model.forward)
+            ("f096226babbc353d",),  # 0.20.0-0.34.0 (the same code as Lfm2Model.forward)
             replaces=True,
         ),
         Target(
@@ -48,7 +48,7 @@ PATCH = Patch(
                 "f9b575e58890e99a",  # 0.25.0-0.25.1
                 "836522a3f9a8f0c4",  # 0.26.0-0.28.0
                 "27997532af5c4816",  # 0.29.0-0.31.0
-                "d3312d0cdce8ec8a",  # 0.32.0-0.33.0
+                "d3312d0cdce8ec8a",  # 0.32.0-0.34.0
             ),
             replaces=True,
         ),

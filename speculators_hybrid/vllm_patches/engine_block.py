@@ -86,7 +86,7 @@ PATCH = Patch(
             PLANNING,
             "get_kv_cache_groups",
             _refit_hidden_group,
-            ("df8b1daaff24dd98",),  # 0.33.0
+            ("df8b1daaff24dd98",),  # 0.33.0-0.34.0
             versions=">=0.33",
         ),
         Target(
@@ -97,7 +97,7 @@ PATCH = Patch(
                 "154d40b568da2567",  # 0.21.0-0.24.0
                 "2fbcd62a2770eb21",  # 0.20.0-0.20.2, 0.25.0-0.26.0
                 "de8c36f67937d1f1",  # 0.29.0
-                "ac8d23cd165c0c1b",  # 0.33.0
+                "ac8d23cd165c0c1b",  # 0.33.0-0.34.0
                 "703fd16e769ffe79",  # 0.27.0-0.28.0
                 "a9caaa80324ae0ed",  # 0.30.0-0.32.0
             ),

@@ -161,13 +161,13 @@ PATCH = Patch(
             CONNECTOR,
             "ExampleHiddenStatesConnector.build_connector_meta",
             _safe_names,
-            ("0be466431f794cf6", "7a379fa4d2bad460"),  # 0.22.0-0.23.0; 0.24.0-0.33.0
+            ("0be466431f794cf6", "7a379fa4d2bad460"),  # 0.22.0-0.23.0; 0.24.0-0.34.0
         ),
         Target(
             CONNECTOR,
             "ExampleHiddenStatesConnector.__init__",
             _sweep_at_start,
-            # 0.22.0-0.23.0; 0.24.0; 0.25.0-0.33.0
+            # 0.22.0-0.23.0; 0.24.0; 0.25.0-0.34.0
             ("a9e337fcf9a29772", "52cc2ba901e2ddad", "d46bf6b85f5b3f77"),
         ),
     ),

@@ -96,7 +96,7 @@ PATCH = Patch(
             CONNECTOR,
             "ExampleHiddenStatesConnector._write_tensors",
             _write_with_provenance,
-            # The same code in every release 0.22.0-0.33.0.
+            # The same code in every release 0.22.0-0.34.0.
             ("ce3411c23a4b53e5",),
         ),
     ),
