@@ -75,6 +75,7 @@ def envs() -> list[Env]:
                 "ruff check speculators_hybrid tests benchmarks scripts",
                 "ruff format --check speculators_hybrid tests benchmarks scripts",
                 "mypy speculators_hybrid benchmarks",
+                "mypy --explicit-package-bases tests",
             ),
             skip_install=True,
         ),

@@ -37,7 +37,7 @@ class Log:
 
 def recording_cuda(log: Log) -> Any:
     """upstream_worker's CPU stand-ins, with records and waits logged."""
-    stand_in = CpuTorch.cuda
+    stand_in: Any = CpuTorch.cuda
 
     class Event(stand_in.Event):
         def record(self, stream: Any = None) -> None:

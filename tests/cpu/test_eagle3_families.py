@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -36,7 +37,7 @@ from speculators_hybrid.vllm_patches import (
     eagle3_zamba2,
 )
 
-GRANITE = {
+GRANITE: dict[str, Any] = {
     "architectures": ["GraniteMoeHybridForCausalLM"],
     "model_type": "granitemoehybrid",
     "num_hidden_layers": 4,

@@ -24,7 +24,7 @@ import hf_reference as hf  # noqa: E402
 from test_hidden_states_match import check_case, prompt_batches  # noqa: E402
 from test_hybrid_families import _config  # noqa: E402
 
-VARIANTS = {
+VARIANTS: dict[str, dict] = {
     "as-is": {},
     "dense": {"mlp_only_layers": [0, 1, 2]},
     "attention-moe": {"layer_types": ["full_attention"] * 4},

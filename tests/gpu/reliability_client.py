@@ -134,12 +134,11 @@ def check_bad(args: argparse.Namespace) -> dict:
             )
             with urllib.request.urlopen(req, timeout=600) as reply:
                 text = reply.read().decode()
-            paths = sorted(set(_paths_in(text)))
-            found[name] = {"status": 200, "paths": paths}
+            found[name] = {"status": 200, "paths": sorted(set(_paths_in(text)))}
             continue
         status, answer = post(args.url, body)
         per_choice = [hidden_path(c) for c in answer.get("choices", [])]
-        paths = [p for p in per_choice if p] or [hidden_path(answer)]
+        paths: list[str | None] = [p for p in per_choice if p] or [hidden_path(answer)]
         tokens = [read(p) for p in paths if p]
         found[name] = {
             "status": status,

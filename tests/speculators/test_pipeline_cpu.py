@@ -28,6 +28,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -348,7 +349,7 @@ def call_kwargs(model, algorithm: str) -> dict:
     getter = getattr(type(model), "get_trainer_kwargs", None)
     if getter is None:
         return {"ttt_steps": 2} if algorithm == "eagle3" else {}
-    args = dict(ttt_steps=2, ttt_step_loss_decay=1.0, max_anchors=32)
+    args: dict[str, Any] = dict(ttt_steps=2, ttt_step_loss_decay=1.0, max_anchors=32)
     args["loss_implementation"] = "eager"  # `--loss-implementation eager`: fused needs Triton
     args["loss_fn"] = "kl_div" if algorithm == "eagle3" else "ce"
     train, _val = getter(**args)

@@ -5,9 +5,14 @@ would feed bf16 into float32 weights) and give id 0 = the input of decoder layer
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
-torch = pytest.importorskip("torch")
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from speculators_hybrid.verify import capture  # noqa: E402
