@@ -2,11 +2,15 @@
 
     .venv-tools/bin/python scripts/matrix.py tox     # tox.ini, from speculators_hybrid/support.py
     .venv-tools/bin/python scripts/matrix.py lock    # re-resolve every lock (on purpose)
-    .venv-tools/bin/python scripts/matrix.py table   # README's support tables, from the registry
+    .venv-tools/bin/python scripts/matrix.py table   # the generated blocks of the pages (PAGES)
     .venv-tools/bin/python scripts/matrix.py check   # all of it up to date (tests/unit runs it)
 
 (.venv-tools/ is made by scripts/test.sh.) Adding a release: add it to support.VLLM, then `tox`,
-`lock vllm-<release>` and `table`.
+`lock vllm-<release>` and `table` (docs/maintaining.md has the whole checklist).
+
+`table` writes each block between its markers: README.md's summary (the counts and releases a
+user reads), docs/support.md's summary, family table and patch tables, docs/development.md's
+env table, and patches/README.md's diff table. Every count on those pages comes from here.
 
 Each env installs exactly its lock, `tests/requirements/locks/<env>.txt`: `uv pip compile` of
 the env's direct requirements for CPython 3.11 on x86_64 Linux, with the CPU torch wheel from
@@ -24,6 +28,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -227,7 +232,8 @@ def _cell(patch: Any, release: str) -> str:
 
 
 def support_table() -> str:
-    """README's tables: vLLM release x patch, then each patch with its upstream fix and tests."""
+    """docs/support.md's tables: vLLM release x patch, then each patch with its upstream fix and
+    tests."""
     from speculators_hybrid.speculators_patches import PATCHES as SPECULATORS_PATCHES
     from speculators_hybrid.vllm_patches import PATCHES
 
@@ -285,7 +291,7 @@ def gpu_matched_families(folder: Path = GPU_RESULTS) -> dict[str, set[str]]:
 
 
 def family_table() -> str:
-    """README's model family x vLLM release table, from speculators_hybrid/families.py."""
+    """docs/support.md's model family x vLLM release table, from speculators_hybrid/families.py."""
     from speculators_hybrid.families import FAMILIES
 
     releases = list(support.VLLM)
@@ -320,7 +326,6 @@ def family_table() -> str:
 DIFFS_START = "<!-- diff table: made by `python scripts/matrix.py table`, do not edit -->\n"
 DIFFS_END = "<!-- end of diff table -->\n"
 PATCHES_DIR = ROOT / "patches"
-PATCHES_README = PATCHES_DIR / "README.md"
 
 
 def _releases(project: str, found: list[str]) -> str:
@@ -361,6 +366,93 @@ def diff_table() -> str:
     return DIFFS_START + "\n".join(lines) + "\n" + DIFFS_END
 
 
+def _wrap(text: str) -> str:
+    """A list item of at most 100 characters a line, as the pages are written."""
+    return textwrap.fill(text, width=100, subsequent_indent="  ", break_on_hyphens=False)
+
+
+def _names(items: list[str]) -> str:
+    return ", ".join(items[:-1]) + f" and {items[-1]}" if len(items) > 1 else "".join(items)
+
+
+def _run_dates(folder: Path = GPU_RESULTS) -> str:
+    """The first and last day of the GPU runs, from the result files' names."""
+    days = sorted(re.findall(r"\d{4}-\d{2}-\d{2}", " ".join(p.name for p in folder.glob("*.json"))))
+    return f"{days[0]} to {days[-1]}" if days else "no run yet"
+
+
+SUMMARY_START = "<!-- summary: made by `python scripts/matrix.py table`, do not edit -->\n"
+SUMMARY_END = "<!-- end of summary -->\n"
+
+
+def summary() -> str:
+    """The counts and releases a user reads first (README.md, docs/support.md), from
+    support.py, families.py, the patch registry, tox.ini's envs and tests/gpu/results/."""
+    from speculators_hybrid.families import FAMILIES
+    from speculators_hybrid.speculators_patches import PATCHES as SPECULATORS_PATCHES
+    from speculators_hybrid.vllm_patches import PATCHES
+
+    releases = list(support.VLLM)
+    full = [r for r in releases if support.VLLM[r] == support.FULL]
+    matched = {f.model_type for f in FAMILIES if f.model_type in gpu_matched_families()}
+    proven = list(support.GPU_PROVEN)
+    extracting = [f for f in FAMILIES if f.first is not None]
+    later = [f"`{f.model_type}` from {f.first}" for f in extracting if f.first != releases[0]]
+    refused = [f"`{f.model_type}`" for f in FAMILIES if f.first is None]
+    items = [
+        f"- vLLM: {len(releases)} releases, {support.OLDEST} to {support.NEWEST}, each tested on "
+        f"the CPU: {len(full)} in the full tier ({_names(full)}), the other "
+        f"{len(releases) - len(full)} in the decisive tier.",
+        f"- GPU-proven (files matched transformers on an H200, {_run_dates()}; "
+        "`tests/gpu/results/`): vLLM "
+        f"{_names(proven)}, on the model runner "
+        f"{_names(sorted(set(support.GPU_PROVEN.values())))}.",
+        f"- speculators: {_names(list(support.SPECULATORS))}, each tested beside vLLM "
+        f"{support.SPECULATORS_VLLM}.",
+        f"- Hybrid families: {len(extracting)} of {len(FAMILIES)} extract with the plugin ("
+        + ", ".join(f"`{f.model_type}`" for f in extracting)
+        + (f"; {_names(later)}" if later else "")
+        + f"), {len(matched)} of them matched on a GPU ("
+        + ", ".join(f"`{f.model_type}`" for f in FAMILIES if f.model_type in matched)
+        + ")"
+        + (f"; {_names(refused)}: on no release up to {releases[-1]}" if refused else "")
+        + ".",
+        f"- Patches: {len(PATCHES)} for vLLM, {len(SPECULATORS_PATCHES)} for speculators. Test "
+        f"matrix: {len(envs())} tox envs.",
+    ]
+    return SUMMARY_START + "\n".join(_wrap(i) for i in items) + "\n" + SUMMARY_END
+
+
+ENVS_START = "<!-- env table: made by `python scripts/matrix.py table`, do not edit -->\n"
+ENVS_END = "<!-- end of env table -->\n"
+
+
+def env_table() -> str:
+    """docs/development.md's table: each tox env and what it tests."""
+    lines = [f"The {len(envs())} envs of tox.ini:", "", "| env | what it tests |", "|---|---|"]
+    for env in envs():
+        tools = sorted({c.split()[0] for c in env.commands})
+        lines.append(f"| `{env.name}` | {env.comment or 'style and types: ' + ', '.join(tools)} |")
+    return ENVS_START + "\n".join(lines) + "\n" + ENVS_END
+
+
+# Each generated block: its markers and what makes it.
+BLOCKS = {
+    "summary": (SUMMARY_START, SUMMARY_END, summary),
+    "family": (FAMILY_START, FAMILY_END, family_table),
+    "support": (TABLE_START, TABLE_END, support_table),
+    "envs": (ENVS_START, ENVS_END, env_table),
+    "diffs": (DIFFS_START, DIFFS_END, diff_table),
+}
+# The pages that hold generated blocks (relative to ROOT), and which.
+PAGES = {
+    "README.md": ("summary",),
+    "docs/support.md": ("summary", "family", "support"),
+    "docs/development.md": ("envs",),
+    "patches/README.md": ("diffs",),
+}
+
+
 def _between(text: str, start: str, end: str, made: str, where: str) -> str:
     if start not in text or end not in text:
         raise SystemExit(f"matrix: {where} has no markers {start.strip()}")
@@ -368,17 +460,12 @@ def _between(text: str, start: str, end: str, made: str, where: str) -> str:
     return head + made + rest.split(end, 1)[1]
 
 
-def readme_with_table(text: str) -> str:
-    for start, end, make in (
-        (TABLE_START, TABLE_END, support_table),
-        (FAMILY_START, FAMILY_END, family_table),
-    ):
-        text = _between(text, start, end, make(), "README.md")
+def page_with_blocks(page: str, text: str) -> str:
+    """The page's text with each of its generated blocks made again."""
+    for block in PAGES[page]:
+        start, end, make = BLOCKS[block]
+        text = _between(text, start, end, make(), page)
     return text
-
-
-def patches_readme(text: str) -> str:
-    return _between(text, DIFFS_START, DIFFS_END, diff_table(), "patches/README.md")
 
 
 def tools_env() -> Env:
@@ -390,12 +477,15 @@ def problems() -> list[str]:
     found = []
     if (ROOT / "tox.ini").read_text() != tox_ini():
         found.append("tox.ini differs from the matrix: run `python scripts/matrix.py tox`")
-    readme = (ROOT / "README.md").read_text()
-    if TABLE_START not in readme or readme_with_table(readme) != readme:
-        found.append("README.md's support table is stale: run `python scripts/matrix.py table`")
-    diffs = PATCHES_README.read_text()
-    if DIFFS_START not in diffs or patches_readme(diffs) != diffs:
-        found.append("patches/README.md's table is stale: run `python scripts/matrix.py table`")
+    for page in PAGES:
+        text = (ROOT / page).read_text()
+        try:
+            stale = page_with_blocks(page, text) != text
+        except SystemExit as exc:  # markers missing
+            found.append(f"{exc}: put them back, then run `python scripts/matrix.py table`")
+            continue
+        if stale:
+            found.append(f"{page}'s tables are stale: run `python scripts/matrix.py table`")
     for env in [*envs(), tools_env()]:
         if env.skip_install and not env.requires:
             continue
@@ -413,15 +503,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("tox", help="write tox.ini")
     lock = sub.add_parser("lock", help="re-resolve the locks")
     lock.add_argument("names", nargs="*", help="envs to re-lock (default: all)")
-    sub.add_parser("table", help="write README's support tables and patches/README.md's")
-    sub.add_parser("check", help="exit 1 if tox.ini, a lock or README is out of date")
+    sub.add_parser("table", help="write the generated blocks of " + ", ".join(PAGES))
+    sub.add_parser("check", help="exit 1 if tox.ini, a lock or a generated block is out of date")
     args = parser.parse_args(argv)
     if args.what == "tox":
         (ROOT / "tox.ini").write_text(tox_ini())
     elif args.what == "table":
-        readme = ROOT / "README.md"
-        readme.write_text(readme_with_table(readme.read_text()))
-        PATCHES_README.write_text(patches_readme(PATCHES_README.read_text()))
+        for page in PAGES:
+            (ROOT / page).write_text(page_with_blocks(page, (ROOT / page).read_text()))
     elif args.what == "lock":
         LOCKS.mkdir(parents=True, exist_ok=True)
         for env in [*envs(), tools_env()]:

@@ -48,9 +48,35 @@ def test_every_release_has_an_env_that_installs_it_from_its_lock():
 def test_a_stale_tox_ini_is_reported(tmp_path, monkeypatch):
     matrix = _matrix()
     (tmp_path / "tox.ini").write_text(matrix.tox_ini().replace("vllm-0.24.0", "vllm024"))
-    (tmp_path / "README.md").write_text((matrix.ROOT / "README.md").read_text())
+    for page in matrix.PAGES:
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / page).write_text((matrix.ROOT / page).read_text())
     monkeypatch.setattr(matrix, "ROOT", tmp_path)
     assert any("tox.ini differs" in p for p in matrix.problems())
+
+
+def test_a_stale_or_missing_generated_block_is_reported(tmp_path, monkeypatch):
+    """Each page keeps its generated blocks: a count edited by hand, or markers lost, fails."""
+    matrix = _matrix()
+    (tmp_path / "tox.ini").write_text(matrix.tox_ini())
+    for page in matrix.PAGES:
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / page).write_text((matrix.ROOT / page).read_text())
+    readme = tmp_path / "README.md"
+    readme.write_text(readme.read_text().replace(" tox envs", " environments"))
+    support = tmp_path / "docs" / "support.md"
+    support.write_text(support.read_text().replace(matrix.FAMILY_END, ""))
+    monkeypatch.setattr(matrix, "ROOT", tmp_path)
+    found = matrix.problems()
+    assert any(p.startswith("README.md's tables are stale") for p in found), found
+    assert any("docs/support.md has no markers" in p for p in found), found
+
+
+def test_the_summary_counts_come_from_the_matrix():
+    matrix = _matrix()
+    text = " ".join(matrix.summary().split())
+    assert f"{len(support.VLLM)} releases, {support.OLDEST} to {support.NEWEST}" in text
+    assert f"{len(matrix.envs())} tox envs" in text
 
 
 def test_a_lock_made_for_other_requirements_is_reported(tmp_path, monkeypatch):
