@@ -8,9 +8,9 @@ in the test matrix (support.VLLM) whose class has them, with this plugin loaded 
 the text-only Qwen3.5 classes before vLLM 0.27, and adds them to Nemotron-H before 0.22 and
 to GraniteMoeHybrid, Falcon-H1, LFM2, LFM2-MoE, Jamba and Zamba2). `launch` and `doctor`
 refuse a family on an earlier release in one line that names the first release that works;
-README's family table is made from it (`scripts/matrix.py table`). tests/cpu/test_families.py
-checks every entry against the installed vLLM's own classes, so each release of the matrix
-confirms its column.
+docs/support.md's family table is made from it (`scripts/matrix.py table`).
+tests/cpu/test_families.py checks every entry against the installed vLLM's own classes, so each
+release of the matrix confirms its column.
 """
 
 from __future__ import annotations

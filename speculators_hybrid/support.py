@@ -38,7 +38,7 @@ OLDEST, NEWEST = next(iter(VLLM)), next(reversed(VLLM))  # VLLM is in release or
 
 
 def tested_range() -> str:
-    """The vLLM releases the matrix runs, as a user reads them: '0.20.0 to 0.33.0'."""
+    """The vLLM releases the matrix runs, as a user reads them: '<OLDEST> to <NEWEST>'."""
     return f"{OLDEST} to {NEWEST}"
 
 

@@ -3,7 +3,8 @@
 Each hybrid family's vLLM class has EAGLE-3 auxiliary hidden states (`SupportsEagle3`) exactly
 from the release the table names, with our plugin loaded as vLLM loads it (it registers the
 text-only Qwen3.5 classes before 0.27). Every vLLM env of the matrix runs this, so each release
-confirms its column of README's family table; `launch` and `doctor` refuse by the same table.
+confirms its column of docs/support.md's family table; `launch` and `doctor` refuse by the same
+table.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Who can read a file when (vLLM < 0.22, our connector): README's reader rule, each mode.
+"""Who can read a file when (vLLM < 0.22, our connector): docs/files.md's reader rule, each mode.
 
 Off the step (the default): a reader that waits on `<path>.lock` (speculators >= 0.6) and
 `vllm.LLM`'s caller (files-whole-when-generate-returns) get whole files only, however slow the

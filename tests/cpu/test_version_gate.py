@@ -39,7 +39,7 @@ FROM_022 = {
     OWN_PAGE,
 }
 
-# vLLM release -> the patches it needs (the table README.md shows).
+# vLLM release -> the patches it needs (the table docs/support.md shows).
 NEEDED = {
     "0.20.0": BEFORE_022 | {WAIT},
     "0.20.1": BEFORE_022 | {WAIT},
