@@ -247,6 +247,7 @@ def support_table() -> str:
         "| patch | " + " | ".join(short) + " |",
         "|---|" + "---|" * len(releases),
     ]
+    lines[0] = _fill(lines[0])
     for patch in PATCHES:
         lines.append(f"| `{patch.id}` | " + " | ".join(_cell(patch, r) for r in releases) + " |")
     tiers = [support.VLLM[r][0].upper() for r in releases]
@@ -308,6 +309,7 @@ def family_table() -> str:
         + " | first release |",
         "|---|---|" + "---|" * (len(releases) + 1),
     ]
+    lines[0] = _fill(lines[0])
     matched = gpu_matched_families()
     for f in FAMILIES:
         proven = matched.get(f.model_type, set())
@@ -364,6 +366,11 @@ def diff_table() -> str:
             versions = _releases(patch.project, found)
             lines.append(f"| {patch.id} | {versions} | {patch.fixed_upstream} |")
     return DIFFS_START + "\n".join(lines) + "\n" + DIFFS_END
+
+
+def _fill(text: str) -> str:
+    """A paragraph of at most 100 characters a line, as the pages are written."""
+    return textwrap.fill(text, width=100, break_on_hyphens=False, break_long_words=False)
 
 
 def _wrap(text: str) -> str:
