@@ -48,6 +48,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
+# The trained target of the acceptance benchmark (benchmarks/acceptance/target.py): about 30M
+# parameters, learnt on Python's own source with its own 4,096-id tokenizer.
+PRESETS["stdlib-tiny"] = dict(
+    PRESETS["tiny"],
+    hidden_size=512,
+    intermediate_size=1536,
+    num_attention_heads=8,
+    linear_num_key_heads=4,
+    linear_num_value_heads=8,
+    vocab_size=4096,
+)
+
 
 # GPU benchmarks: 8 layers (6 GDN + 2 full attention) at a 9B-class width, small vocabulary.
 PRESETS["wide-8l"] = dict(

@@ -1,0 +1,139 @@
+#!/bin/bash
+# The acceptance loop on the GPU machine, once vLLM, speculators and this project are staged
+# (tests/gpu/speculators-deps.txt says how); benchmarks/acceptance/README.md gives the sequence.
+#   bash benchmarks/acceptance/loop.sh start    # the whole loop, in the background
+#   bash benchmarks/acceptance/loop.sh poll N   # wait up to N s, then copy what is done to $OUT
+# start copies this folder and speculators' launcher to $ACC (default /tmp/stash/acc), so a later
+# call replacing the working tree does not touch a running phase, and runs, each in its own
+# process with a timeout, logging to $ACC/logs:
+#   1. target.py: the stdlib-tiny target ($TARGET_S s of training);
+#   2. `speculators-hybrid launch --launcher $LAUNCHER` (vLLM + plugin, prefill-only), then
+#      speculators' prepare-data on $CHATS training chats, then EAGLE-3 and DFlash trained side
+#      by side by `speculators train --on-missing generate` through `speculators-hybrid run`;
+#   3. the server stopped, accept.py for the target alone and each drafter (k=3), one engine at a
+#      time; DFlash also from a copy of its config without M-RoPE (what vLLM 0.20 refuses).
+# Each phase's JSON lands in $ACC/results, which poll copies to $OUT/acc.
+set -uo pipefail
+ACC=${ACC:-/tmp/stash/acc}
+TARGET_S=${TARGET_S:-120}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-400}; PORT=${PORT:-8100}
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+export TRITON_CACHE_AUTOTUNING=1 TRITON_HOME=/tmp/stash/triton-home VLLM_CACHE_ROOT=/tmp/stash/vllm-cache
+run() { bash /tmp/stash/bin/on-device.sh run "$@"; }
+say() { echo "$(date +%T) $*" | tee -a "$ACC/status"; }
+
+phase_target() {
+  [ -f "$ACC/target/target.json" ] && return 0
+  say "target: training $TARGET_S s"
+  timeout $((TARGET_S + 240)) bash -c "cd $ACC/code && bash /tmp/stash/bin/on-device.sh run \
+    python3 benchmarks/acceptance/target.py $ACC/target --seconds $TARGET_S" > "$ACC/logs/target.log" 2>&1
+  cp "$ACC/target/target.json" "$ACC/results/" && say "target: done" || { say "target: FAILED"; return 1; }
+}
+
+wait_ready() {
+  for _ in $(seq 1 "$1"); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" \
+      2> /dev/null && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 2
+  done
+  return 1
+}
+
+train_one() {  # kind extra-args...
+  local kind=$1; shift
+  rm -rf "$ACC/train-$kind"; mkdir -p "$ACC/train-$kind"
+  timeout 900 bash /tmp/stash/bin/on-device.sh run python3 -m speculators_hybrid.cli run -- \
+    python3 -m speculators train --speculator-type "$kind" --verifier-name-or-path "$ACC/target" \
+    --data-path "$ACC/data" --save-path "$ACC/train-$kind" --log-dir "$ACC/train-$kind/logs" \
+    --on-missing generate --vllm-endpoint "http://127.0.0.1:$PORT/v1" --target-layer-ids 2 4 5 \
+    --total-seq-len 4096 --seed "${SEED:-0}" --max-steps "$STEPS" --epochs 2 --lr 1e-3 \
+    --scheduler-type cosine --scheduler-warmup-steps 50 --train-data-ratio 0.98 --num-workers 4 \
+    --log-freq 10 "$@" > "$ACC/logs/train-$kind.log" 2>&1
+  local rc=$?
+  say "train $kind: exit $rc, $(grep -c 'global_step\|loss' "$ACC/logs/train-$kind.log") log lines"
+}
+
+phase_train() {
+  [ -f "$ACC/results/train.done" ] && return 0
+  say "server: starting"
+  rm -rf "$ACC/hs"
+  setsid bash /tmp/stash/bin/on-device.sh run python3 -m speculators_hybrid.cli launch \
+    --launcher "$ACC/launch_vllm.py" "$ACC/target" --hidden-states-path "$ACC/hs" -- \
+    --port="$PORT" --max-model-len=1024 --max-num-seqs=64 --max-num-batched-tokens=8192 \
+    --kv-cache-memory-bytes=$((4 << 30)) --gpu-memory-utilization=0.3 \
+    --gdn-prefill-backend=triton --enforce-eager > "$ACC/logs/server.log" 2>&1 &
+  local server=$!
+  if ! wait_ready 300 "$server"; then say "server: FAILED"; kill -- -"$server"; return 1; fi
+  say "server: ready"
+  head -n "$CHATS" "$ACC/target/chats.jsonl" > "$ACC/chats-subset.jsonl"
+  rm -rf "$ACC/data"
+  timeout 600 bash /tmp/stash/bin/on-device.sh run python3 -m speculators prepare-data \
+    --model "$ACC/target" --data "$ACC/chats-subset.jsonl" --output "$ACC/data" --seq-length 512 \
+    --render-endpoint "http://127.0.0.1:$PORT" --num-preprocessing-workers 8 \
+    > "$ACC/logs/prepare-data.log" 2>&1 || { say "prepare-data: FAILED"; kill -- -"$server"; return 1; }
+  say "prepare-data: done"
+  train_one eagle3 --num-layers 1 & local t1=$!
+  train_one dflash --num-layers 2 --block-size 4 & local t2=$!
+  wait "$t1" "$t2"
+  grep -c '"POST /v1/completions HTTP/1.1" 200' "$ACC/logs/server.log" > "$ACC/results/requests_200.txt"
+  kill -- -"$server" 2>/dev/null; sleep 5
+  touch "$ACC/results/train.done"
+}
+
+latest() { find "$1" -name config.json -printf '%T@ %h\n' 2>/dev/null | sort -n | tail -1 | cut -d' ' -f2; }
+
+accept() {  # name env-args... -- accept.py args...
+  local name=$1; shift
+  say "accept $name"
+  timeout 420 env "$@" "$ACC/results/accept-$name.json" > "$ACC/logs/accept-$name.log" 2>&1
+  say "accept $name: exit $?"
+}
+
+phase_accept() {
+  local a="bash /tmp/stash/bin/on-device.sh run python3 $ACC/code/benchmarks/acceptance/accept.py ${ACCEPT_ARGS---eager}"
+  local args="$ACC/target $ACC/target/heldout.jsonl"
+  local eagle; eagle=$(latest "$ACC/train-eagle3")
+  local dflash; dflash=$(latest "$ACC/train-dflash")
+  [ -f "$ACC/results/accept-target.json" ] || accept target X=1 $a $args
+  [ -n "$eagle" ] && accept eagle3 X=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
+  if [ -n "$dflash" ]; then
+    accept dflash X=1 $a --drafter "$dflash" --method dflash --k 3 $args
+    rm -rf "$ACC/dflash-1d"; cp -r "$dflash" "$ACC/dflash-1d"
+    python3 - "$ACC/dflash-1d/config.json" <<'EOF'
+import json, sys
+p = sys.argv[1]; c = json.load(open(p))
+def strip(d):
+    if isinstance(d, dict):
+        for key in ("rope_parameters", "rope_scaling"):
+            if isinstance(d.get(key), dict):
+                d[key].pop("mrope_section", None); d[key].pop("mrope_interleaved", None)
+        for v in d.values(): strip(v)
+strip(c); json.dump(c, open(p, "w"), indent=2)
+EOF
+    accept dflash-1d X=1 $a --drafter "$ACC/dflash-1d" --method dflash --k 3 $args
+  fi
+  [ -n "$eagle" ] && accept eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
+  touch "$ACC/results/accept.done"
+}
+
+case "${1:-}" in
+  start)
+    mkdir -p "$ACC/logs" "$ACC/results" "$ACC/code/benchmarks"
+    rm -rf "$ACC/code/benchmarks/acceptance"; cp -r benchmarks/acceptance "$ACC/code/benchmarks/"
+    cp .device/launch_vllm.py "$ACC/launch_vllm.py"
+    mkdir -p /tmp/stash/bin; cp .device/bin/on-device.sh /tmp/stash/bin/
+    setsid bash "$ACC/code/benchmarks/acceptance/loop.sh" all > "$ACC/logs/loop.log" 2>&1 < /dev/null &
+    sleep 2; cat "$ACC/status" 2>/dev/null; echo "loop started"
+    ;;
+  all) phase_target && phase_train; phase_accept; say "loop: finished" ;;
+  accept) phase_accept ;;
+  poll)
+    end=$((SECONDS + ${2:-60}))
+    while [ $SECONDS -lt $end ] && ! [ -f "$ACC/results/accept.done" ]; do sleep 5; done
+    tar czf "$OUT/acc.tgz" -C "$ACC" results logs status 2>/dev/null
+    for f in "$ACC"/results/*.json; do [ -f "$f" ] && { echo "== $f"; head -c 1500 "$f"; echo; }; done
+    cat "$ACC/status"; for f in "$ACC"/logs/*.log; do echo "== $f"; tail -n 4 "$f"; done
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader
+    ;;
+  *) echo "usage: loop.sh start | poll SECONDS | accept" >&2; exit 2 ;;
+esac
