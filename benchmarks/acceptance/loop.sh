@@ -15,7 +15,7 @@
 # Each phase's JSON lands in $ACC/results, which poll copies to $OUT/acc.
 set -uo pipefail
 ACC=${ACC:-/tmp/stash/acc}
-TARGET_S=${TARGET_S:-120}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-400}; PORT=${PORT:-8100}
+TARGET_S=${TARGET_S:-100}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-300}; PORT=${PORT:-8100}
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export TRITON_CACHE_AUTOTUNING=1 TRITON_HOME=/tmp/stash/triton-home VLLM_CACHE_ROOT=/tmp/stash/vllm-cache
 run() { bash /tmp/stash/bin/on-device.sh run "$@"; }
@@ -42,7 +42,8 @@ wait_ready() {
 train_one() {  # kind extra-args...
   local kind=$1; shift
   rm -rf "$ACC/train-$kind"; mkdir -p "$ACC/train-$kind"
-  timeout 900 bash /tmp/stash/bin/on-device.sh run python3 -m speculators_hybrid.cli run -- \
+  TORCHDYNAMO_DISABLE=${TRAIN_EAGER-1} timeout 900 \
+    bash /tmp/stash/bin/on-device.sh run python3 -m speculators_hybrid.cli run -- \
     python3 -m speculators train --speculator-type "$kind" --verifier-name-or-path "$ACC/target" \
     --data-path "$ACC/data" --save-path "$ACC/train-$kind" --log-dir "$ACC/train-$kind/logs" \
     --on-missing generate --vllm-endpoint "http://127.0.0.1:$PORT/v1" --target-layer-ids 2 4 5 \
