@@ -22,10 +22,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from speculators_hybrid import switches
+
 if TYPE_CHECKING:
     import torch
 
-CHUNK_ENV = "SPECULATORS_HYBRID_COPY_CHUNK_MIB"
+CHUNK_ENV = switches.COPY_CHUNK_MIB
 CHUNK_MIB = 0  # measured: no gain end to end (module docstring)
 SUGGESTED_MIB = 2
 WINDOW = 2  # pieces queued at once: one copying, one ready to start

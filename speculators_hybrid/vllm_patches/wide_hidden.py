@@ -38,7 +38,7 @@ from speculators_hybrid.registry import Patch, Target, argument
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
-WIDE_ENV = "SPECULATORS_HYBRID_WIDE_HIDDEN"
+WIDE_ENV = switches.WIDE_HIDDEN
 SLICE = "speculators_hybrid_slice"  # attribute of each cache-only layer: (j, W)
 WIDTH = "_speculators_hybrid_width"  # attribute of a widened ExtractHiddenStatesModel
 
