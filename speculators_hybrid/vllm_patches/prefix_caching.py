@@ -34,19 +34,25 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from speculators_hybrid.registry import Patch, Target, base_version
-from speculators_hybrid.vllm_patches.hma_config import (
-    CONNECTOR,
-    POST_INIT_FINGERPRINTS,
-    is_hybrid_extraction,
-)
+from speculators_hybrid.vllm_patches._targets import CONFIG, POST_INIT, is_hybrid_extraction
+from speculators_hybrid.vllm_patches.hma_config import CONNECTOR
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 # vLLM PR 37374 made ExampleHiddenStatesConnector refuse chunked prefill; PR 43805 lifted it.
 STOCK_REFUSES_CHUNKED = (Version("0.22.0"), Version("0.24.0"))
 STOCK_TAKES_CHUNKS = STOCK_REFUSES_CHUNKED[1]  # before it, only our connector (chunked_prompts.py)
+
+
+def stock_refuses_chunked(vllm: str | None) -> bool:
+    """vLLM's own connector refuses chunked prefill in this release (0.22-0.23)."""
+    try:
+        v = Version(vllm) if vllm else None
+    except InvalidVersion:
+        return False
+    return v is not None and STOCK_REFUSES_CHUNKED[0] <= v < STOCK_REFUSES_CHUNKED[1]
 
 
 def _takes_chunks(config: Any) -> bool:
@@ -86,10 +92,10 @@ PATCH = Patch(
     why=__doc__ or "",
     targets=(
         Target(
-            "vllm.config.vllm",
+            CONFIG,
             "VllmConfig.__post_init__",
             _caching_off,
-            POST_INIT_FINGERPRINTS,
+            POST_INIT,
         ),
     ),
 )
