@@ -24,8 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument, state_on
+from speculators_hybrid.vllm_patches._targets import BUILD_META, SUBMIT_ASYNC_WRITE, WAIT_FOR_SAVE
+from speculators_hybrid.vllm_patches._targets import STOCK_CONNECTOR as CONNECTOR
 
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 SCHEDULED = "scheduled_req_ids"  # on the step's metadata: the requests it computes
 STATE = "_speculators_hybrid_copy_ready"  # per worker connector
 
@@ -112,19 +113,19 @@ PATCH = Patch(
             CONNECTOR,
             "ExampleHiddenStatesConnector.build_connector_meta",
             _build_meta,
-            ("7a379fa4d2bad460",),  # 0.24.0-0.34.0
+            BUILD_META,
         ),
         Target(
             CONNECTOR,
             "ExampleHiddenStatesConnector.wait_for_save",
             _wait_for_save,
-            ("0d3c09e2b4e71fb9",),  # 0.24.0-0.34.0
+            WAIT_FOR_SAVE,
         ),
         Target(
             CONNECTOR,
             "ExampleHiddenStatesConnector._submit_async_write",
             _submit,
-            ("3919eee304b9859f", "3bb02be9a07dc09c"),  # 0.24.0-0.29.0, 0.30.0-0.34.0
+            SUBMIT_ASYNC_WRITE,
         ),
     ),
 )

@@ -32,7 +32,7 @@ from packaging.specifiers import SpecifierSet
 
 from speculators_hybrid import families
 from speculators_hybrid.registry import Patch, Target, base_version
-from speculators_hybrid.vllm_patches.hma_config import POST_INIT_FINGERPRINTS, is_hybrid_extraction
+from speculators_hybrid.vllm_patches._targets import CONFIG, POST_INIT, is_hybrid_extraction
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 # the releases whose MambaMixer2 asserts on a 1-token query without draft tokens
@@ -102,10 +102,10 @@ PATCH = Patch(
     why=__doc__ or "",
     targets=(
         Target(
-            "vllm.config.vllm",
+            CONFIG,
             "VllmConfig.__post_init__",
             _caching_off,
-            POST_INIT_FINGERPRINTS,
+            POST_INIT,
         ),
     ),
 )

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
-from speculators_hybrid.vllm_patches.own_page import is_hidden
+from speculators_hybrid.vllm_patches._targets import is_hidden
 
 
 def _agreed_hit(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
