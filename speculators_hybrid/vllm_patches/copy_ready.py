@@ -4,18 +4,16 @@ Why: vLLM's hidden-states connector queues a finished request's copy to the host
 step's `get_finished`, after that step's forward is launched, and makes the copy wait for all
 work launched so far: with async scheduling (vLLM 0.25.0's runner and engine loop, read) a
 step's files are copied only once the next step but one has run, so at the end of a batch up
-to three steps' files (24 of 84 MB at the 27B size, 16,384 tokens a step) are copied and
-written after `generate` returns, with nothing left on the GPU to hide them behind: vLLM
-0.25.0 + plugin had its files complete 0.11-0.16 s after `generate` returned (2026-12-03),
-0.975x of plain prefill.
+to three steps' files are copied and written after `generate` returns, with nothing left on the
+GPU to hide them behind.
 How: the scheduler's connector lists, with each step's metadata, the requests that step
 computes; the worker's `wait_for_save`, which vLLM calls once the step's work (the draft
 model's included) is launched, records a CUDA event there for those requests. When a
 request's copy is queued, it waits for that event only (on a stream of its own that vLLM's copy
 stream then waits for), so it runs beside the steps after it. A request with no event (none
 recorded yet) waits as vLLM makes it wait.
-Measured (2026-12-06, H100, CUDA graphs): 0.986x of plain prefill with files complete, 1.6%
-faster than with the patch off side by side (benchmarks/results).
+Effect: with files complete, extraction runs closer to plain prefill than with the patch off,
+side by side (benchmarks/results/README.md).
 Upstream: none yet.
 """
 

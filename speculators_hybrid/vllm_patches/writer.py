@@ -1,7 +1,7 @@
 """Hidden-state files written off the engine step (our connector, vLLM < 0.22): the default.
 
 Why: a file written inside the engine step (copy to the host, serialize, write) holds
-extraction to 0.71x of plain prefill on an H200 at Qwen3.6-27B size (benchmarks/results).
+extraction well below plain prefill at the real size (benchmarks/results/README.md).
 How: the step only gathers the rows on the GPU, queues their copy into pinned host memory
 and takes `<path>.lock`; a thread waits for the copy, writes the file aside, renames it into
 place and releases the lock, as vLLM >= 0.22's own connector does.
