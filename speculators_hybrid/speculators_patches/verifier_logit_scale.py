@@ -32,14 +32,7 @@ from functools import cache
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target
-from speculators_hybrid.speculators_patches._targets import (
-    DFLASH_INIT,
-    DFLASH_INIT_PRINTS,
-    DFLASH_MODULE,
-    EAGLE3_INIT,
-    EAGLE3_INIT_PRINTS,
-    EAGLE3_MODULE,
-)
+from speculators_hybrid.speculators_patches import _targets
 
 logger = logging.getLogger("speculators_hybrid")
 
@@ -143,18 +136,18 @@ PATCH = Patch(
     why=__doc__ or "",
     targets=(
         Target(
-            module=EAGLE3_MODULE,
-            attr=EAGLE3_INIT,
+            module=_targets.EAGLE3_MODULE,
+            attr=_targets.EAGLE3_INIT,
             wrapper=_after_init,
-            fingerprints=EAGLE3_INIT_PRINTS,
+            fingerprints=_targets.EAGLE3_INIT_PRINTS,
         ),
         Target(
-            module=DFLASH_MODULE,
-            attr=DFLASH_INIT,
+            module=_targets.DFLASH_MODULE,
+            attr=_targets.DFLASH_INIT,
             wrapper=_after_init,
             # 0.5.0's DFlash trains on hard targets (its verifier_lm_head is unused)
             versions=">=0.6.0",
-            fingerprints=DFLASH_INIT_PRINTS,
+            fingerprints=_targets.DFLASH_INIT_PRINTS,
         ),
     ),
 )

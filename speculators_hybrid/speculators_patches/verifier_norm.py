@@ -25,14 +25,7 @@ from functools import cache
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target
-from speculators_hybrid.speculators_patches._targets import (
-    DFLASH_INIT,
-    DFLASH_INIT_PRINTS,
-    DFLASH_MODULE,
-    EAGLE3_INIT,
-    EAGLE3_INIT_PRINTS,
-    EAGLE3_MODULE,
-)
+from speculators_hybrid.speculators_patches import _targets
 
 logger = logging.getLogger("speculators_hybrid")
 
@@ -130,10 +123,10 @@ EAGLE3 = Patch(
     why=__doc__ or "",
     targets=(
         Target(
-            module=EAGLE3_MODULE,
-            attr=EAGLE3_INIT,
+            module=_targets.EAGLE3_MODULE,
+            attr=_targets.EAGLE3_INIT,
             wrapper=_after_init,
-            fingerprints=EAGLE3_INIT_PRINTS,
+            fingerprints=_targets.EAGLE3_INIT_PRINTS,
         ),
     ),
 )
@@ -146,10 +139,10 @@ DFLASH = Patch(
     why=__doc__ or "",
     targets=(
         Target(
-            module=DFLASH_MODULE,
-            attr=DFLASH_INIT,
+            module=_targets.DFLASH_MODULE,
+            attr=_targets.DFLASH_INIT,
             wrapper=_after_init,
-            fingerprints=DFLASH_INIT_PRINTS,
+            fingerprints=_targets.DFLASH_INIT_PRINTS,
         ),
     ),
 )
