@@ -1,11 +1,12 @@
-"""Running vLLM's planning code on a CPU-only machine (doctor, tests).
+"""Running vLLM's planning code on a CPU-only machine (doctor, align_mode, tests).
 
 vLLM picks no platform without a GPU: force its CPU platform before vLLM is used. PyPI's
 torchvision is a CUDA build that cannot load beside a CPU torch, yet vLLM's Qwen3.5 module
 imports transformers' image processors, which import torchvision; nothing on this path runs
 vision code, so where torchvision cannot be imported an inert stand-in module is used.
 The platform answers as any host would (`planning_platform`): a plan must not depend on the CPU
-it was made on. Never call this inside a serving vLLM process.
+it was made on. Never call this inside a serving vLLM process. `quiet_vllm` and `vllm_error`
+keep vLLM's logs off a command's report and its errors to one line.
 """
 
 from __future__ import annotations
