@@ -1,7 +1,7 @@
 """One vLLM engine of the extraction benchmark, run in a fresh process by `extraction.py`.
 
 Plain mode runs the prompts with `max_tokens=1`; the extract modes add speculators' settings
-(`planning.extraction_args`). Each timed pass records when `generate` returned and, when
+(`extraction.extraction_args`). Each timed pass records when `generate` returned and, when
 extracting, when every file was complete: present, its `<path>.lock` free, whole (size as
 its safetensors header says) with `hidden_states.shape[0] == len(prompt)`. It also records
 the CPU seconds of this process and of its children (the engine core), from /proc, until
@@ -60,7 +60,7 @@ def own_connector_gone() -> bool:
 
 def engine_kwargs(spec: dict[str, Any], fields: set[str]) -> dict[str, Any]:
     """`LLM(**kwargs)` for a run spec; `fields` are the installed `EngineArgs` field names."""
-    from speculators_hybrid.planning import extraction_args
+    from speculators_hybrid.extraction import extraction_args
 
     kwargs: dict[str, Any] = dict(
         model=spec["folder"],

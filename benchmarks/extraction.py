@@ -6,7 +6,7 @@ dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
 
 - plain:   `LLM.generate` on token-id prompts, `max_tokens=1`, no extraction;
 - extract: the same with speculators' `speculative_config` + `kv_transfer_config`
-           (`planning.extraction_args`), timed until `generate` returns and until every
+           (`extraction.extraction_args`), timed until `generate` returns and until every
            file is complete (see `engine.py`);
 - extract-instep: extract with SPECULATORS_HYBRID_ASYNC_WRITES=0 (files written in the step);
 - extract-nofiles: extract with the file path cut off (benchmarks/nofiles.py, vLLM < 0.22);
@@ -66,15 +66,16 @@ for _path in (ROOT / "tests" / "gpu", ROOT):  # the GPU test's tokenizer helper;
 
 from benchmarks import engine, trace_gaps  # noqa: E402
 from speculators_hybrid.models import PRESETS  # noqa: E402
-from speculators_hybrid.switches import DISABLE, DISABLED_PATCHES  # noqa: E402
-from speculators_hybrid.versions import installed  # noqa: E402
-from speculators_hybrid.vllm_patches.host_copy import CHUNK_ENV as COPY_CHUNK  # noqa: E402
-from speculators_hybrid.vllm_patches.prefill_only import ENV as PREFILL_ENV  # noqa: E402
-from speculators_hybrid.vllm_patches.provenance_meta import (  # noqa: E402
-    SAFETENSORS_SAVE_ENV as SAFETENSORS_SAVE,
+from speculators_hybrid.switches import (  # noqa: E402
+    ASYNC_WRITES,
+    DISABLE,
+    DISABLED_PATCHES,
+    SAFETENSORS_SAVE,
 )
-from speculators_hybrid.vllm_patches.wide_hidden import WIDE_ENV  # noqa: E402
-from speculators_hybrid.vllm_patches.writer import ASYNC_ENV as ASYNC_WRITES  # noqa: E402
+from speculators_hybrid.switches import COPY_CHUNK_MIB as COPY_CHUNK  # noqa: E402
+from speculators_hybrid.switches import PREFILL_ONLY as PREFILL_ENV  # noqa: E402
+from speculators_hybrid.switches import WIDE_HIDDEN as WIDE_ENV  # noqa: E402
+from speculators_hybrid.versions import installed  # noqa: E402
 
 
 def control_sizes(size: str) -> dict[str, int]:

@@ -116,9 +116,9 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-batched-tokens", type=int)
     parser.add_argument("--language-model-only", action="store_true")
     args = parser.parse_args(argv)
-    from speculators_hybrid import cpu, doctor
+    from speculators_hybrid import cpu
 
-    doctor.quiet_vllm(False)
+    cpu.quiet_vllm(False)
     setup = planning.Setup(
         model=args.model,
         layer_ids=tuple(args.ids),
@@ -131,12 +131,13 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         with contextlib.redirect_stdout(sys.stderr):
             cpu.prepare()
-            from speculators_hybrid.plugin import PATCHER, vllm_patches
+            from speculators_hybrid.registry import PATCHER
+            from speculators_hybrid.vllm_patches import PATCHES
 
-            PATCHER.apply(vllm_patches())
+            PATCHER.apply(PATCHES)
             result = check(setup)
     except Exception as exc:  # noqa: BLE001 (the caller says what to do with it)
-        print(json.dumps({"planning_error": doctor.vllm_error(exc)}))
+        print(json.dumps({"planning_error": cpu.vllm_error(exc)}))
         return 1
     print(json.dumps(asdict(result)))
     return 0

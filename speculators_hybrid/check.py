@@ -23,20 +23,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from speculators_hybrid.hidden_files import HS_NAME, PATCHES_KEY, REJECTED, find_files, patch_ids
+
 CHUNK_BYTES = 64 << 20
 FLOAT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
-HS_NAME = re.compile(r"^hs_(\d+)\.safetensors$")
-REJECTED = ".rejected"  # `<path>.rejected`: why there is no file (vllm_patches/provenance_meta.py)
 EXAMPLES = 5  # token indices quoted per problem
 
 
@@ -48,7 +46,8 @@ class KnownBad:
 
 
 # Writers whose hybrid hidden states are known to be wrong. `fixes`: the id of our patch for
-# the 0.24.x read-side block size (vllm_patches/hidden_read.py); keep them in step.
+# the 0.24.x read-side block size (vllm_patches/hidden_read.py; tests/unit/test_check.py holds
+# that it is a patch for exactly those releases).
 KNOWN_BAD = (
     KnownBad(
         vllm=">=0.24.0,<0.25.0",
@@ -111,17 +110,6 @@ class Samples:
         return list(self._ids[index]["input_ids"])
 
 
-def patch_ids(raw: str) -> set[str]:
-    """Patch ids from metadata: a JSON list or a comma / space separated string."""
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = raw
-    if isinstance(value, list):
-        return {str(v) for v in value}
-    return {p for p in re.split(r"[\s,]+", str(value)) if p}
-
-
 def provenance_problem(metadata: dict[str, str]) -> str | None:
     """Why the writer named in `metadata` is known to produce bad files, or None."""
     version = metadata.get("vllm_version")
@@ -131,7 +119,7 @@ def provenance_problem(metadata: dict[str, str]) -> str | None:
         release = Version(Version(version).base_version)
     except InvalidVersion:
         return None
-    patches = patch_ids(metadata.get("speculators_hybrid_patches", ""))
+    patches = patch_ids(metadata.get(PATCHES_KEY, ""))
     for bad in KNOWN_BAD:
         if release in SpecifierSet(bad.vllm) and not patches & bad.fixes:
             return bad.why.format(version=version)
@@ -288,26 +276,6 @@ def check_file(path: str, samples: Samples | None = None, chunk: int = CHUNK_BYT
     except Exception as exc:  # noqa: BLE001 (anything else: say what, keep going)
         report.error("unreadable", f"{type(exc).__name__}: {exc}")
     return report
-
-
-def _natural(name: str) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def find_files(paths: list[str], rejected: bool = False) -> Iterator[str]:
-    """The given files, and the `*.safetensors` under the given folders, in natural order; with
-    `rejected`, `*.safetensors.rejected` markers too, and a missing file with one is its marker."""
-    names = (".safetensors", ".safetensors" + REJECTED) if rejected else (".safetensors",)
-    for path in paths:
-        if not os.path.isdir(path):
-            marked = rejected and not os.path.exists(path) and os.path.exists(path + REJECTED)
-            yield path + REJECTED if marked else path
-            continue
-        for root, dirs, files in os.walk(path):
-            dirs.sort(key=_natural)
-            for name in sorted(files, key=_natural):
-                if name.endswith(names):
-                    yield os.path.join(root, name)
 
 
 def mark_inconsistent(reports: list[FileReport]) -> None:

@@ -1,65 +1,24 @@
-"""Running vLLM's planning code on a CPU-only machine (doctor, tests).
+"""Running vLLM's planning code on a CPU-only machine (doctor, align_mode, tests).
 
 vLLM picks no platform without a GPU: force its CPU platform before vLLM is used. PyPI's
 torchvision is a CUDA build that cannot load beside a CPU torch, yet vLLM's Qwen3.5 module
 imports transformers' image processors, which import torchvision; nothing on this path runs
 vision code, so where torchvision cannot be imported an inert stand-in module is used.
 The platform answers as any host would (`planning_platform`): a plan must not depend on the CPU
-it was made on. Never call this inside a serving vLLM process.
+it was made on. Never call this inside a serving vLLM process. `quiet_vllm` and `vllm_error`
+keep vLLM's logs off a command's report and its errors to one line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.abc
-import importlib.machinery
 import importlib.util
+import logging
 import os
 import sys
-import types
 from collections.abc import Iterator
 from typing import Any
-
-
-class _Inert:
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getattr__(self, attr: str) -> _Inert:
-        return inert_attribute(self._name, attr)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"{self._name}: torchvision is not installed (CPU planning only)")
-
-
-def inert_attribute(module: str, attr: str) -> _Inert:
-    if attr.startswith("__"):
-        raise AttributeError(attr)
-    return _Inert(f"{module}.{attr}")
-
-
-class _InertFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves every submodule of `torchvision` as an inert package."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if not fullname.startswith("torchvision."):
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-
-    def create_module(self, spec: Any) -> types.ModuleType:
-        module = types.ModuleType(spec.name)
-        module.__getattr__ = functools.partial(inert_attribute, spec.name)  # type: ignore[method-assign]
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        return None
-
-
-def install_inert_finder() -> None:
-    if not any(isinstance(f, _InertFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _InertFinder())
 
 
 def _torchvision_loads() -> bool:
@@ -176,3 +135,32 @@ def force_cpu_platform() -> None:
 def prepare() -> None:
     stand_in_torchvision()
     force_cpu_platform()
+
+
+def quiet_vllm(verbose: bool) -> None:
+    """vLLM's logs go to stderr (stdout is the report); without `verbose`, only what stops it."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "CRITICAL")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        # vLLM 0.33 on a CPU torch: "Triton not available, find_triton_kernels = []" (torch
+        # resets its own top logger when imported; this one it leaves as set)
+        logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
+        # vLLM 0.33 leaves its loggers unconfigured on import: their warnings (a CPU machine's
+        # missing triton, with tracebacks) would reach Python's last-resort handler
+        level = logging.getLevelName(os.environ["VLLM_LOGGING_LEVEL"].upper())
+        logging.getLogger("vllm").setLevel(level if isinstance(level, int) else logging.CRITICAL)
+
+
+def vllm_error(exc: BaseException) -> str:
+    """vLLM's error in one line: a config's pydantic ValidationError as its messages alone
+    (no `input_value=ArgsKwargs(...)` echo, no errors.pydantic.dev link)."""
+    errors = getattr(exc, "errors", None)
+    if type(exc).__name__ == "ValidationError" and callable(errors):
+        try:
+            messages = [str(e.get("msg", "")) for e in errors()]
+        except Exception:  # noqa: BLE001 (not pydantic's after all)
+            messages = []
+        if messages:
+            return " ".join(m.removeprefix("Value error, ") for m in messages)
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from typing import Any
 from unittest.mock import patch
 
 from speculators_hybrid import planning, support
+from speculators_hybrid.cpu import quiet_vllm, vllm_error
 
 GIB = 1 << 30
 SCHEMA = 1
@@ -86,7 +86,7 @@ def _groups(kv: Any) -> list[Groups]:
 def per_token(specs: dict[str, Any]) -> PerToken:
     from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
 
-    from speculators_hybrid.vllm_patches.own_page import is_hidden
+    from speculators_hybrid.vllm_patches._targets import is_hidden
     from speculators_hybrid.vllm_patches.spec import bytes_per_token
 
     out = PerToken()
@@ -100,20 +100,6 @@ def per_token(specs: dict[str, Any]) -> PerToken:
             out.attention_layers += 1
             out.attention_bytes_per_token += spec.real_page_size_bytes // spec.block_size
     return out
-
-
-def vllm_error(exc: BaseException) -> str:
-    """vLLM's error in one line: a config's pydantic ValidationError as its messages alone
-    (no `input_value=ArgsKwargs(...)` echo, no errors.pydantic.dev link)."""
-    errors = getattr(exc, "errors", None)
-    if type(exc).__name__ == "ValidationError" and callable(errors):
-        try:
-            messages = [str(e.get("msg", "")) for e in errors()]
-        except Exception:  # noqa: BLE001 (not pydantic's after all)
-            messages = []
-        if messages:
-            return " ".join(m.removeprefix("Value error, ") for m in messages)
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 def plan_once(name: str, setup: planning.Setup, memory_bytes: int) -> tuple[Plan, Any, Any]:
@@ -158,11 +144,11 @@ def preflight(target: Any, ids: tuple[int, ...] | None, tp: int) -> tuple[int, .
     second and before vLLM is imported: the config, the ids, TP against the heads, the model
     family on this vLLM (speculators_hybrid/families.py). Raises LaunchError (one line)."""
     from speculators_hybrid import families
+    from speculators_hybrid.extraction import speculators_default
     from speculators_hybrid.launcher import LaunchError
     from speculators_hybrid.launcher.adjust import check_layer_ids
     from speculators_hybrid.launcher.target import tp_error
     from speculators_hybrid.versions import installed
-    from speculators_hybrid.vllm_patches.extraction_input import speculators_default
 
     ids = ids or tuple(speculators_default(target.num_layers))
     check_layer_ids(list(ids), target)
@@ -209,9 +195,9 @@ def report(
     max_num_batched_tokens: int | None = None,
 ) -> dict[str, Any]:
     from speculators_hybrid import __version__
-    from speculators_hybrid.launcher.adjust import stock_refuses_chunked
     from speculators_hybrid.launcher.target import load
     from speculators_hybrid.versions import installed
+    from speculators_hybrid.vllm_patches.prefix_caching import stock_refuses_chunked
 
     ids = ids or preflight(load(model), None, tp)
     setup = planning.Setup(
@@ -272,9 +258,9 @@ def keeps_spare_state_blocks(specs: dict[str, Any] | None) -> bool:
 
 def prefill_only_plan(setup: planning.Setup, memory: int, target: int) -> dict[str, Any]:
     """The shim plan as `launch` runs it (prefill-only): no spare state block per request."""
-    from speculators_hybrid.vllm_patches.prefill_only import ENV
+    from speculators_hybrid.switches import PREFILL_ONLY
 
-    with patch.dict(os.environ, {ENV: "1"}):
+    with patch.dict(os.environ, {PREFILL_ONLY: "1"}):
         plan, _, _ = plan_once("shim", setup, memory)
     return {
         "ok": plan.ok,
@@ -286,21 +272,6 @@ def prefill_only_plan(setup: planning.Setup, memory: int, target: int) -> dict[s
 
 
 DEMO = "qwen3.6-27b-like"
-
-
-def quiet_vllm(verbose: bool) -> None:
-    """vLLM's logs go to stderr (stdout is the report); without `verbose`, only what stops it."""
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "CRITICAL")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        # vLLM 0.33 on a CPU torch: "Triton not available, find_triton_kernels = []" (torch
-        # resets its own top logger when imported; this one it leaves as set)
-        logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
-        # vLLM 0.33 leaves its loggers unconfigured on import: their warnings (a CPU machine's
-        # missing triton, with tracebacks) would reach Python's last-resort handler
-        level = logging.getLevelName(os.environ["VLLM_LOGGING_LEVEL"].upper())
-        logging.getLogger("vllm").setLevel(level if isinstance(level, int) else logging.CRITICAL)
 
 
 def run(

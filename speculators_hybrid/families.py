@@ -2,13 +2,13 @@
 
 Extraction reads EAGLE-3 auxiliary hidden states, so the target's vLLM model class must
 implement vLLM's `SupportsEagle3`; without it vLLM fails only after loading the weights
-("Model does not support EAGLE3 interface"). `FAMILIES` names, for each hybrid `model_type`
-(launcher/target.py's HYBRID_MODEL_TYPES), the class vLLM builds for it and the first release
-in the test matrix (support.VLLM) whose class has them, with this plugin loaded (it registers
-the text-only Qwen3.5 classes before vLLM 0.27, and adds them to Nemotron-H before 0.22 and
-to GraniteMoeHybrid, Falcon-H1, LFM2, LFM2-MoE, Jamba and Zamba2). `launch` and `doctor`
-refuse a family on an earlier release in one line that names the first release that works;
-docs/support.md's family table is made from it (`scripts/matrix.py table`).
+("Model does not support EAGLE3 interface"). `FAMILIES` names every hybrid `model_type`
+(launcher/target.py's HYBRID_MODEL_TYPES is made from it) and, for each, the class vLLM builds
+for it and the first release in the test matrix (support.VLLM) whose class has them, with this
+plugin loaded (it registers the text-only Qwen3.5 classes before vLLM 0.27, and adds them to
+Nemotron-H before 0.22 and to GraniteMoeHybrid, Falcon-H1, LFM2, LFM2-MoE, Jamba and Zamba2).
+`launch` and `doctor` refuse a family on an earlier release in one line that names the first
+release that works; docs/support.md's family table is made from it (`scripts/matrix.py table`).
 tests/cpu/test_families.py checks every entry against the installed vLLM's own classes, so each
 release of the matrix confirms its column.
 """

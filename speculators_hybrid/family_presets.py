@@ -8,8 +8,7 @@ per layer, experts do not change it). No weights, no tokenizer: `doctor DIR` pla
     python -m speculators_hybrid.family_presets NAME DIR    # writes DIR/config.json
     speculators-hybrid doctor DIR
 
-Sources (looked up 2026-12; a field that was not found is marked in its preset, with the
-value used and why):
+Sources (a field that was not found is marked in its preset, with the value used and why):
 - nvidia/Nemotron-H-8B-Base-8K: its config.json as quoted in NVIDIA Megatron-Bridge's tests
   (tests/.../test_nemotronh_bridge.py, `nemotronh_8b_config_dict`) and Megatron-Bridge's
   `NemotronHModelProvider8B` (pattern, heads, Mamba sizes).

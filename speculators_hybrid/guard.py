@@ -43,8 +43,8 @@ def message(error: Any, version: str | None) -> str:
 
 
 def _check(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    from speculators_hybrid.plugin import patcher
-    from speculators_hybrid.vllm_patches.hma_config import is_hybrid_extraction
+    from speculators_hybrid.registry import patcher
+    from speculators_hybrid.vllm_patches._targets import is_hybrid_extraction
 
     if is_hybrid_extraction(instance):
         patches = patcher()

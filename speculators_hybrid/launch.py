@@ -21,8 +21,8 @@ import sys
 from speculators_hybrid.launcher import LaunchError, adjust, builtin, intercept, target
 from speculators_hybrid.launcher.command import Command
 from speculators_hybrid.plugin import unknown_disabled
+from speculators_hybrid.switches import PREFILL_ONLY as PREFILL_ENV
 from speculators_hybrid.versions import installed
-from speculators_hybrid.vllm_patches.prefill_only import ENV as PREFILL_ENV
 from speculators_hybrid.vllm_patches.writer import THREADS_ENV, writer_threads
 
 PROG = "speculators-hybrid launch"

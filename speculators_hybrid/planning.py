@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from speculators_hybrid.extraction import extraction_args, speculators_default
 from speculators_hybrid.vllm_patches import prefill_only, wide_hidden
 
 GPU_DEFAULT_BLOCK = 16  # vLLM's default block size on CUDA before backend/hybrid alignment
@@ -19,7 +20,8 @@ GPU_DEFAULT_BLOCK = 16  # vLLM's default block size on CUDA before backend/hybri
 @dataclass(frozen=True)
 class Setup:
     model: str
-    layer_ids: tuple[int, ...] | None = (2, 32, 61, 64)  # None: no extraction
+    # speculators' default for a 64-layer target; None: no extraction
+    layer_ids: tuple[int, ...] | None = tuple(speculators_default(64))
     tp: int = 1
     prefix_caching: bool = False
     max_model_len: int | None = 262144  # None: vLLM derives it from the config
@@ -27,26 +29,6 @@ class Setup:
     chunked_prefill: bool | None = None  # None: vLLM's default
     max_num_batched_tokens: int | None = None  # None: vLLM's default
     data_parallel_size: int = 1  # engine cores behind one front end (each plans alone)
-
-
-def extraction_args(
-    layer_ids: tuple[int, ...], storage: str = "/tmp/hidden_states"
-) -> dict[str, Any]:
-    """The `speculative_config` and `kv_transfer_config` speculators' launcher passes."""
-    return {
-        "speculative_config": {
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,
-            "draft_model_config": {
-                "hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}
-            },
-        },
-        "kv_transfer_config": {
-            "kv_connector": "ExampleHiddenStatesConnector",
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": storage},
-        },
-    }
 
 
 def forget_model_classes() -> None:
@@ -64,11 +46,12 @@ def patches(on: bool, import_all: bool = False) -> list[Any]:
     """Our vLLM patches on (as in an engine with the plugin) or off, and vLLM's model classes
     made again to match; returns the patches selected. `import_all`: every target module
     imported now, as an engine's start has them (else each is patched when first imported)."""
-    from speculators_hybrid.plugin import PATCHER, vllm_patches
+    from speculators_hybrid.registry import PATCHER
+    from speculators_hybrid.vllm_patches import PATCHES
 
     PATCHER.revert()
     if on:
-        PATCHER.apply(vllm_patches())
+        PATCHER.apply(PATCHES)
         if import_all:
             PATCHER.verify_all()
     forget_model_classes()  # the model class as the patches make it (or not)
@@ -139,7 +122,7 @@ def hidden_state_layers(config: Any, wide: bool = True) -> list[tuple[str, Any]]
 
 def wide_width(config: Any, hidden: int) -> int:
     """W of `hidden-states-wide-group` for this config, 1 where it does not apply."""
-    from speculators_hybrid.plugin import patcher
+    from speculators_hybrid.registry import patcher
 
     if wide_hidden.PATCH.id not in patcher().applied() or not wide_hidden.enabled(config):
         return 1

@@ -9,7 +9,7 @@ written for, nothing is patched and only hidden-state extraction from a hybrid m
 Every vLLM process pays for importing this module, so it imports little: the patch framework
 (wrapt, `registry`, `model_registration`, the patch modules) is imported by `register()` once
 it knows patches may apply (not disabled, vLLM installed), or by the first use of `PATCHER` or
-`Patcher` from here. `benchmarks/import_cost.py` measures what is left.
+`Patcher` from here (both live in `registry`). `benchmarks/import_cost.py` measures what is left.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 from typing import TYPE_CHECKING, Any
 
 from speculators_hybrid import switches
+from speculators_hybrid.switches import disabled
 from speculators_hybrid.versions import installed
 
 if TYPE_CHECKING:
@@ -28,30 +28,22 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
-PATCHER: Patcher  # the process-wide patcher, made on first use (tests may replace it)
-_MAKING = threading.Lock()
+PATCHER: Patcher  # registry.PATCHER, the process-wide patcher
 
 
 def __getattr__(name: str) -> Any:
-    if name == "PATCHER":
-        return patcher()
-    if name == "Patcher":
-        from speculators_hybrid.registry import Patcher
+    if name in ("PATCHER", "Patcher"):
+        from speculators_hybrid import registry
 
-        return Patcher
+        return getattr(registry, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def patcher() -> Patcher:
-    """`PATCHER`: the one set here, else a new one (importing the patch framework)."""
-    with _MAKING:
-        if "PATCHER" not in globals():
-            from speculators_hybrid.registry import Patcher
+    """`registry.patcher()`, the process-wide patcher (importing the patch framework)."""
+    from speculators_hybrid import registry
 
-            # not strict: a changed target leaves vLLM unpatched and `guard` refuses hybrid
-            # extraction; everything else runs as without the plugin
-            globals()["PATCHER"] = Patcher(version_of=installed, strict=False)
-        return globals()["PATCHER"]
+    return registry.patcher()
 
 
 _ROLES = (
@@ -59,10 +51,6 @@ _ROLES = (
     ("EngineCore", "engine-core"),
     ("EngineArgs", "frontend"),
 )
-
-
-def disabled() -> bool:
-    return switches.on(switches.DISABLE)
 
 
 def role() -> str:

@@ -7,6 +7,9 @@ if it already is), so import order does not matter. It fails closed: if any targ
 the selected set is missing or changed, every target this process already patched is
 restored and `PatchError` says which function, which version and what to do. A strict
 `Patcher` raises it; the plugin's records it and stays inert (speculators_hybrid.guard).
+
+`PATCHER` is the process-wide `Patcher` of vLLM's patches, which the plugin applies; lower
+layers (guard, provenance metadata, planning) ask `patcher()` for it, never the plugin.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from packaging.version import InvalidVersion, Version
 
 from speculators_hybrid import switches
 from speculators_hybrid.fingerprint import fingerprint, resolve
+from speculators_hybrid.versions import installed
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
@@ -271,3 +275,13 @@ def _wrap(original: Any, wrapper: Wrapper) -> Any:
     if isinstance(original, classmethod):
         return classmethod(wrapt.FunctionWrapper(original.__func__, wrapper))
     return wrapt.FunctionWrapper(original, wrapper)
+
+
+# not strict: a changed target leaves vLLM unpatched and `guard` refuses hybrid extraction;
+# everything else runs as without the plugin. Tests may replace it.
+PATCHER = Patcher(version_of=installed, strict=False)
+
+
+def patcher() -> Patcher:
+    """The process-wide vLLM `PATCHER` (looked up at each call, so a replaced one is seen)."""
+    return PATCHER

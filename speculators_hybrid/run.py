@@ -36,8 +36,8 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def _plan() -> str:
-    from speculators_hybrid.plugin import disabled
     from speculators_hybrid.speculators_patches import PATCHER, PATCHES
+    from speculators_hybrid.switches import disabled
     from speculators_hybrid.versions import installed
 
     if disabled():

@@ -4,19 +4,19 @@
 The format: 8 bytes, the little-endian length N of a JSON header; the header, tensor name ->
 dtype, shape and `data_offsets` [begin, end) into the data after it, plus `__metadata__`; the
 data. `check` reads hidden-state files through this so it starts in well under a second (torch
-took ~20 s to import), reads rows as memory-mapped slices, and says plainly what is wrong with a
+is slow to import), reads rows as memory-mapped slices, and says plainly what is wrong with a
 file that is not safetensors or is cut short. bfloat16 and the float8 formats, which numpy
 lacks, come back as float32 (exactly: every value of them is a float32 value).
 
 Why `write` and not safetensors' `save_file`: the writer threads of a vLLM engine share the GIL
 with its engine thread, and `save_file` holds it while it serialises in releases before 0.8, so
-the engine thread, which launches the GPU's work, waits for each 84 MB file. `write` builds the
+the engine thread, which launches the GPU's work, waits for each file. `write` builds the
 header in Python and hands it and the tensors' own memory to one `writev(2)`, which runs without
 the GIL. The other way round, every call that lets the GIL go (a syscall, a torch op) makes the
 writer wait to get it back while the engine thread runs Python, so `write` makes few (no torch
-op on a contiguous CPU tensor, one `writev` a file). On a 2-core CPU beside a busy Python thread
-that was within the noise (benchmarks/results/2026-12-06-writer-busy-gil-cpu); the GPU host's
-tail after `generate` returns is where it counts.
+op on a contiguous CPU tensor, one `writev` a file). On a small CPU beside a busy Python thread
+the difference is within the noise (benchmarks/results/, the writer-busy-gil run); the GPU
+host's tail after `generate` returns is where it counts.
 """
 
 from __future__ import annotations

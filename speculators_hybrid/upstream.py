@@ -32,6 +32,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from speculators_hybrid import switches
+
 # The checkout's patches/, else the wheel's copy (package data via the link _patches), else
 # ./patches.
 _HERE = Path(__file__).resolve().parent
@@ -87,8 +89,7 @@ def _installed(project: str, version: str) -> Path | None:
 def wheel(project: str, version: str) -> Path:
     """The release's wheel, from $SPECULATORS_HYBRID_WHEELS or the cache (downloaded once)."""
     folder = Path(
-        os.environ.get("SPECULATORS_HYBRID_WHEELS")
-        or Path.home() / ".cache" / "speculators-hybrid" / "wheels"
+        os.environ.get(switches.WHEELS) or Path.home() / ".cache" / "speculators-hybrid" / "wheels"
     )
     pattern = f"{project.replace('-', '_')}-{version}-*.whl"
     found = sorted(folder.glob(pattern))

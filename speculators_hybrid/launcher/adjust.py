@@ -12,17 +12,19 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from speculators_hybrid import families, switches
+from speculators_hybrid.extraction import id_problems as id_problems
+from speculators_hybrid.extraction import layer_ids_error
 from speculators_hybrid.launcher import LaunchError
 from speculators_hybrid.launcher.command import Command
 from speculators_hybrid.launcher.target import Target, tp_error
+from speculators_hybrid.switches import ASYNC_WRITES as ASYNC_ENV
 from speculators_hybrid.vllm_patches import mamba_all_mode as all_mode
 from speculators_hybrid.vllm_patches.chunked_prompts import PATCH as CHUNKED_PROMPTS
-from speculators_hybrid.vllm_patches.extraction_input import id_problems as id_problems
-from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error
 from speculators_hybrid.vllm_patches.hidden_read import PATCH as READ_SLOTS
 from speculators_hybrid.vllm_patches.prefix_caching import PATCH as NO_PREFIX_CACHING
-from speculators_hybrid.vllm_patches.prefix_caching import STOCK_REFUSES_CHUNKED
-from speculators_hybrid.vllm_patches.writer import ASYNC_ENV
+from speculators_hybrid.vllm_patches.prefix_caching import (
+    stock_refuses_chunked,
+)
 
 PLUGIN = "speculators_hybrid"
 NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill"
@@ -216,12 +218,6 @@ def chunked_prefill(
             "hybrid target vLLM uses the mamba 'align' cache mode, which needs chunked prefill"
         )
     return argv
-
-
-def stock_refuses_chunked(vllm: str | None) -> bool:
-    """vLLM's own connector refuses chunked prefill in this release (0.22-0.23)."""
-    v = _version(vllm)
-    return v is not None and STOCK_REFUSES_CHUNKED[0] <= v < STOCK_REFUSES_CHUNKED[1]
 
 
 def _align_check(argv: list[str], target: Target, batched: int) -> dict[str, Any]:

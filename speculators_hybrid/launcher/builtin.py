@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from speculators_hybrid import extraction
 from speculators_hybrid.launcher import target
 from speculators_hybrid.launcher.command import Command
 
@@ -19,17 +20,13 @@ class FileBackend:
     def add_launch_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--hidden-states-path",
-            default="/tmp/hidden_states",  # noqa: S108
+            default=extraction.STORAGE,
             help="directory the connector writes hidden states to (default /tmp/hidden_states)",
         )
 
     @staticmethod
     def build_kv_transfer_config(args: argparse.Namespace) -> dict[str, Any]:
-        return {
-            "kv_connector": "ExampleHiddenStatesConnector",
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": args.hidden_states_path},
-        }
+        return extraction.kv_transfer_config(args.hidden_states_path)
 
 
 def backends() -> dict[str, Any]:
@@ -94,7 +91,7 @@ def layer_ids(args: argparse.Namespace, n: int) -> tuple[list[int], str | None]:
     """speculators' default, or the given ids sorted with n appended unless turned off; and
     the note to print once the command is accepted (main's launcher warns instead)."""
     if not args.target_layer_ids:
-        return [2, n // 2, n - 3, n], None
+        return extraction.speculators_default(n), None
     ids = list(args.target_layer_ids)
     added = args.include_last_layer and n not in ids
     ids = sorted([*ids, n] if added else ids)
@@ -115,11 +112,7 @@ def build(argv: list[str]) -> tuple[Command, argparse.Namespace]:
         vllm_args.remove("--")
     n = target.load(args.model).num_layers
     ids, args.ids_note = layer_ids(args, n)
-    speculative = {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
-    }
+    speculative = extraction.speculative_config(ids)
     kv_transfer = registry[args.hidden_states_backend].build_kv_transfer_config(args)
     argv_out = [
         sys.executable,

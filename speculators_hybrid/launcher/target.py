@@ -9,26 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from speculators_hybrid import families
 from speculators_hybrid.launcher import LaunchError
 
 # Model types whose decoder mixes attention with recurrent state layers (GDN, Mamba, conv).
-HYBRID_MODEL_TYPES = frozenset(
-    {
-        "qwen3_5",
-        "qwen3_5_text",
-        "qwen3_5_moe",
-        "qwen3_5_moe_text",
-        "qwen3_next",
-        "nemotron_h",
-        "granitemoehybrid",
-        "falcon_h1",
-        "jamba",
-        "bamba",
-        "zamba2",
-        "lfm2",
-        "lfm2_moe",
-    }
-)
+HYBRID_MODEL_TYPES = frozenset(f.model_type for f in families.FAMILIES)
 STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv"})
 
 

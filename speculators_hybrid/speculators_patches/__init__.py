@@ -13,13 +13,13 @@ import logging
 import os
 import sys
 
-from speculators_hybrid.plugin import disabled
 from speculators_hybrid.registry import Patch, Patcher
 from speculators_hybrid.speculators_patches import (
     draft_config_norm_eps,
     verifier_logit_scale,
     verifier_norm,
 )
+from speculators_hybrid.switches import disabled
 from speculators_hybrid.versions import installed
 
 PATCHES: tuple[Patch, ...] = (

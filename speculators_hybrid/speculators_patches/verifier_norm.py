@@ -25,6 +25,7 @@ from functools import cache
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target
+from speculators_hybrid.speculators_patches import _targets
 
 logger = logging.getLogger("speculators_hybrid")
 
@@ -122,11 +123,10 @@ EAGLE3 = Patch(
     why=__doc__ or "",
     targets=(
         Target(
-            module="speculators.models.eagle3.core",
-            attr="Eagle3DraftModel.__init__",
+            module=_targets.EAGLE3_MODULE,
+            attr=_targets.EAGLE3_INIT,
             wrapper=_after_init,
-            # 0.5.0-0.6.0.2, 0.7.0-0.7.0.2, 0.8.0-0.9.0
-            fingerprints=("f04b7fda88c97a1f", "83dd6d7bc95aca0b", "11fa8fdfc41ebb1b"),
+            fingerprints=_targets.EAGLE3_INIT_PRINTS,
         ),
     ),
 )
@@ -139,16 +139,10 @@ DFLASH = Patch(
     why=__doc__ or "",
     targets=(
         Target(
-            module="speculators.models.dflash.core",
-            attr="DFlashDraftModel.__init__",
+            module=_targets.DFLASH_MODULE,
+            attr=_targets.DFLASH_INIT,
             wrapper=_after_init,
-            # 0.6.0-0.6.0.2, 0.7.0-0.7.0.2, 0.8.0-0.8.1, 0.9.0
-            fingerprints=(
-                "a6a28a7426c2a323",
-                "48fb35b7eadc61a2",
-                "2f95f1d9670f24c2",
-                "dc3bb0291d808ebb",
-            ),
+            fingerprints=_targets.DFLASH_INIT_PRINTS,
         ),
     ),
 )

@@ -35,7 +35,7 @@ def _files(paths: list[str]) -> list[str]:
     """Every file to choose from; a named file must exist and be safetensors."""
     from safetensors import safe_open
 
-    from speculators_hybrid.check import find_files
+    from speculators_hybrid.hidden_files import find_files
 
     for path in paths:
         if not os.path.exists(path):
@@ -84,8 +84,8 @@ def _device(name: str | None) -> str:
 
 
 def _model_ids(model: str, ids: list[int] | None) -> None:
+    from speculators_hybrid.extraction import id_problems
     from speculators_hybrid.verify.capture import ModelError, read_config, text_config
-    from speculators_hybrid.vllm_patches.extraction_input import id_problems
 
     if not os.path.isdir(model):
         raise BadInput(f"--model {model} is not a folder: give the model's folder")

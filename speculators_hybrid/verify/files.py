@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from speculators_hybrid.extraction import id_problems, speculators_default
 from speculators_hybrid.verify import capture, rule
-from speculators_hybrid.vllm_patches.extraction_input import id_problems, speculators_default
 
 TRUTH = torch.float32
 DTYPES = capture.DTYPES

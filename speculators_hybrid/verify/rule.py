@@ -15,16 +15,13 @@ a correct file is allowed by precision alone. Per id, with e = 1 - (the worst to
 
     e_file <= K * e_floor + EPS
 
-K = 3: measured on an H200 with a hidden-5120 hybrid (Qwen3.6-27B widths, 8 layers, ids
-[0, 1, 3, 4, 8]), transformers' bf16 forward reaches worst cosines 1.0 / 0.99966 / 0.99916 /
-0.99891 / 0.99791 against float32, and correct vLLM files 1.0 / 0.99963 / 0.99917 / 0.99895 /
-0.99789: e_file / e_floor is 0.96-1.09, so K = 3 leaves 2.7x for kernels, tensor parallelism
-and short prompts that differ more; wrong files (a prefix-cache hit on vLLM 0.25.0) reached
-cosines 0.47-0.79, e >= 0.21, 100x the worst floor and 33x this limit.
+K = 3: correct vLLM files of a full-width hybrid stay within about 1.1x of the floor, wrong ones
+(a bad prefix-cache hit) around 100x above it; 3 leaves room for kernels, tensor parallelism
+and short prompts that differ more, and stays far below the wrong files.
 EPS = 1e-4: the allowance where the floor is zero (id 0, the embeddings, is a bf16 lookup
-either way) or tiny (transformers' CPU path runs the Gated DeltaNet recurrence in float32: at
-hidden 256 its floor at id 1 is 1.5e-5 while vLLM's files reach 8.6e-5); 3.4x below the smallest
-floor above id 0 at hidden 5120 (3.4e-4). docs/verify.md has the measurements.
+either way) or tiny (transformers' CPU path runs the Gated DeltaNet recurrence in float32,
+vLLM's kernels do not); below the smallest floor above id 0 at full width.
+docs/verify.md has the measurements behind both.
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@
 Why: with a speculative config (extraction runs one) and a hybrid target, vLLM copies each
 step's accepted-token counts to the host after sampling, and the next step's input preparation
 waits for that copy, that is for the whole previous step on the GPU, where async scheduling
-would prepare step N+1 while step N runs. Extraction is all prefill. Measured at the real size
-(H200, vLLM 0.20.1, benchmarks/results/2026-12-04-vllm0.20.1-real-size-accepted-count/): no
-gain side by side (eager 0.980x plain with it, 0.981x without), so the GPU's idle gaps in
-extraction wait for something else; kept as upstream's behaviour from 0.24.0 on.
+would prepare step N+1 while step N runs. Extraction is all prefill. At the real size it gave
+no gain side by side (benchmarks/results/README.md, the accepted-count patch), so the GPU's idle
+gaps in extraction wait for something else; kept as upstream's behaviour from 0.24.0 on.
 How: a step that scheduled no draft token samples one token per request, so every count it
 copies is 1; where the host already holds 1 for every request of the batch the copy changes
 nothing, so it is skipped (no copy, no event, nothing to wait for). Steps with draft tokens (a

@@ -4,14 +4,13 @@ Why: after each step's sampling, `ExtractHiddenStatesProposer.prepare_next_token
 builds each request's backup token as `torch.tensor(list, device=cuda)`: a copy from pageable
 memory, which makes the host wait until the whole step has run on the GPU. Async scheduling
 would have the host prepare step N+1 meanwhile; instead the GPU finds an empty queue at each
-step's start and idles while the host prepares it. Measured at the real size (H100, vLLM 0.20.1,
-64 x 2,048 tokens, CUDA graphs; benchmarks/results/2026-12-05-vllm0.20.1-real-size-h100-profile/):
-GPU busy 11.05 s a pass in plain and in extraction alike, idle 0.16 s in plain and 0.46 s in
-extraction (45 gaps of 1 ms or more, in the next step's input preparation); the host spent 4.5 s
-a pass inside this call, waiting. Patched, the call returns while the GPU still runs the step
-(tests/gpu/test_backup_tokens_gpu.py), and extraction (files complete) runs at 0.992-0.995x
-plain prefill with CUDA graphs and 0.992x in eager, side by side, against 0.978x with the patch
-off on the same machine (benchmarks/results/2026-12-05-vllm0.20.1-real-size-h100-backup-tokens/).
+step's start and idles while the host prepares it: at the real size the GPU is as busy in
+extraction as in plain prefill but idles longer, in the next step's input preparation, while
+the host waits inside this call (benchmarks/results/README.md, plain and extraction profiled
+side by side). Patched, the call returns while the GPU still runs the step
+(tests/gpu/test_backup_tokens_gpu.py), and extraction with files complete comes closer to plain
+prefill than with the patch off on the same machine (benchmarks/results/README.md,
+`backup-tokens-without-sync` end to end).
 How: the same tokens, from pinned memory, copied without a wait (the caching host allocator
 keeps the buffer until its copy is done); the rest of the method is its contract (a sampled
 token in the vocabulary counts 1 and is the next token unless the request is discarded; else

@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target
-from speculators_hybrid.vllm_patches.hma_config import POST_INIT_FINGERPRINTS, name_our_connector
+from speculators_hybrid.vllm_patches._targets import CONFIG, POST_INIT
+from speculators_hybrid.vllm_patches.hma_config import name_our_connector
 
 
 def _before_post_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -39,10 +40,10 @@ PATCH = Patch(
     why=__doc__ or "",
     targets=(
         Target(
-            "vllm.config.vllm",
+            CONFIG,
             "VllmConfig.__post_init__",
             _before_post_init,
-            POST_INIT_FINGERPRINTS,
+            POST_INIT,
         ),
     ),
 )

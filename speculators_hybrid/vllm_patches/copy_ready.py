@@ -4,18 +4,16 @@ Why: vLLM's hidden-states connector queues a finished request's copy to the host
 step's `get_finished`, after that step's forward is launched, and makes the copy wait for all
 work launched so far: with async scheduling (vLLM 0.25.0's runner and engine loop, read) a
 step's files are copied only once the next step but one has run, so at the end of a batch up
-to three steps' files (24 of 84 MB at the 27B size, 16,384 tokens a step) are copied and
-written after `generate` returns, with nothing left on the GPU to hide them behind: vLLM
-0.25.0 + plugin had its files complete 0.11-0.16 s after `generate` returned (2026-12-03),
-0.975x of plain prefill.
+to three steps' files are copied and written after `generate` returns, with nothing left on the
+GPU to hide them behind.
 How: the scheduler's connector lists, with each step's metadata, the requests that step
 computes; the worker's `wait_for_save`, which vLLM calls once the step's work (the draft
 model's included) is launched, records a CUDA event there for those requests. When a
 request's copy is queued, it waits for that event only (on a stream of its own that vLLM's copy
 stream then waits for), so it runs beside the steps after it. A request with no event (none
 recorded yet) waits as vLLM makes it wait.
-Measured (2026-12-06, H100, CUDA graphs): 0.986x of plain prefill with files complete, 1.6%
-faster than with the patch off side by side (benchmarks/results).
+Effect: with files complete, extraction runs closer to plain prefill than with the patch off,
+side by side (benchmarks/results/README.md).
 Upstream: none yet.
 """
 
@@ -24,8 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument, state_on
+from speculators_hybrid.vllm_patches._targets import BUILD_META, SUBMIT_ASYNC_WRITE, WAIT_FOR_SAVE
+from speculators_hybrid.vllm_patches._targets import STOCK_CONNECTOR as CONNECTOR
 
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 SCHEDULED = "scheduled_req_ids"  # on the step's metadata: the requests it computes
 STATE = "_speculators_hybrid_copy_ready"  # per worker connector
 
@@ -112,19 +111,19 @@ PATCH = Patch(
             CONNECTOR,
             "ExampleHiddenStatesConnector.build_connector_meta",
             _build_meta,
-            ("7a379fa4d2bad460",),  # 0.24.0-0.34.0
+            BUILD_META,
         ),
         Target(
             CONNECTOR,
             "ExampleHiddenStatesConnector.wait_for_save",
             _wait_for_save,
-            ("0d3c09e2b4e71fb9",),  # 0.24.0-0.34.0
+            WAIT_FOR_SAVE,
         ),
         Target(
             CONNECTOR,
             "ExampleHiddenStatesConnector._submit_async_write",
             _submit,
-            ("3919eee304b9859f", "3bb02be9a07dc09c"),  # 0.24.0-0.29.0, 0.30.0-0.34.0
+            SUBMIT_ASYNC_WRITE,
         ),
     ),
 )

@@ -18,7 +18,14 @@ import weakref
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
-from speculators_hybrid.vllm_patches.own_page import GROUPS_PRINTS
+from speculators_hybrid.vllm_patches._targets import (
+    CONFIG,
+    GROUPS,
+    PLANNING,
+    PLANNING_GROUPS,
+    UTILS,
+    VALIDATE_BLOCK_SIZE,
+)
 
 # id(CacheConfig) -> the engine block size without the hidden-state group, per process; an
 # entry goes with its CacheConfig (a later config may get the same id).
@@ -64,10 +71,6 @@ def _refit_hidden_group(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
     return groups
 
 
-UTILS = "vllm.v1.core.kv_cache_utils"
-PLANNING = "vllm.v1.core.kv_cache_planning"
-CONFIG = "vllm.config.vllm"
-
 PATCH = Patch(
     id="hidden-block-divides-engine-block",
     project="vllm",
@@ -79,28 +82,21 @@ PATCH = Patch(
             UTILS,
             "get_kv_cache_groups",
             _refit_hidden_group,
-            GROUPS_PRINTS,
+            GROUPS,
             versions="<0.33",
         ),
         Target(
             PLANNING,
             "get_kv_cache_groups",
             _refit_hidden_group,
-            ("df8b1daaff24dd98",),  # 0.33.0-0.34.0
+            PLANNING_GROUPS,
             versions=">=0.33",
         ),
         Target(
             CONFIG,
             "VllmConfig.validate_block_size",
             restore_engine_block,
-            (
-                "154d40b568da2567",  # 0.21.0-0.24.0
-                "2fbcd62a2770eb21",  # 0.20.0-0.20.2, 0.25.0-0.26.0
-                "de8c36f67937d1f1",  # 0.29.0
-                "ac8d23cd165c0c1b",  # 0.33.0-0.34.0
-                "703fd16e769ffe79",  # 0.27.0-0.28.0
-                "a9caaa80324ae0ed",  # 0.30.0-0.32.0
-            ),
+            VALIDATE_BLOCK_SIZE,
         ),
     ),
 )

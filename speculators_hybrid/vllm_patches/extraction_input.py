@@ -11,65 +11,20 @@ How: after `SpeculativeConfig.__post_init__` of an `extract_hidden_states` run, 
 distinct integers within [0, n] (n = `num_hidden_layers` of the target's text config) and the
 target's vLLM model class must implement `SupportsEagle3`; otherwise a `ValueError` names the
 ids, the class and the vLLM version. The launcher (`speculators-hybrid launch`) uses the same
-id check before it execs vLLM.
+id check (speculators_hybrid/extraction.py) before it execs vLLM.
 Upstream: none yet.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
+from speculators_hybrid.extraction import IDS_FIELD, layer_ids_error
 from speculators_hybrid.registry import Patch, Target
 from speculators_hybrid.versions import installed
 
 logger = logging.getLogger("vllm.speculators_hybrid")
-
-IDS_FIELD = "speculative_config.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids"
-
-
-def speculators_default(n: int) -> list[int]:
-    return [2, n // 2, n - 3, n]
-
-
-def id_problems(ids: Sequence[Any], n: int) -> list[str]:
-    """What is wrong with `ids` for a model of n decoder layers (empty: nothing)."""
-    problems = []
-    dups = sorted({i for i in ids if list(ids).count(i) > 1}, key=str)
-    if dups:
-        problems.append(f"duplicated {dups}")
-    bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i <= n]
-    if bad:
-        problems.append(f"outside [0, {n}]: {bad}")
-    return problems
-
-
-def suggested_ids(n: int) -> list[int]:
-    return sorted({i for i in (1, n // 2, n - 1, n) if 0 <= i <= n})
-
-
-def layer_ids_error(ids: Sequence[Any], n: int, model: str, from_text_config: bool) -> str | None:
-    """The error for ids that do not fit a model of n decoder layers, or None if they fit."""
-    problems = id_problems(ids, n)
-    if not problems:
-        return None
-    source = ", from text_config" if from_text_config else ""
-    default = speculators_default(n)
-    if list(ids) == default:
-        note = f" These are speculators' default [2, n//2, n-3, n], which do not fit n = {n}."
-    elif id_problems(default, n):
-        note = f" speculators' default [2, n//2, n-3, n] gives {default} here: no fit either."
-    else:
-        note = ""
-    hint = suggested_ids(n)
-    return (
-        f"layer ids {list(ids)} do not fit {model} (n = {n} decoder layers{source}): "
-        f"{'; '.join(problems)}. Ids must be distinct and within [0, {n}] (0 = the embeddings, "
-        f"i = the output of decoder layer i, {n} = the last, before the final norm).{note} "
-        f"Pass distinct ids, e.g. {hint}: --target-layer-ids {' '.join(map(str, hint))} with "
-        f"speculators' launcher, or {IDS_FIELD} with `vllm serve`."
-    )
 
 
 def eagle3_error(spec: Any) -> str | None:

@@ -37,10 +37,11 @@ import time
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
+from speculators_hybrid.vllm_patches._targets import BUILD_META, BUILD_META_BEFORE_024
+from speculators_hybrid.vllm_patches._targets import STOCK_CONNECTOR as CONNECTOR
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 ORDINARY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,159}")
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 READABLE = 48  # characters of the id kept in a hashed name
@@ -161,7 +162,7 @@ PATCH = Patch(
             CONNECTOR,
             "ExampleHiddenStatesConnector.build_connector_meta",
             _safe_names,
-            ("0be466431f794cf6", "7a379fa4d2bad460"),  # 0.22.0-0.23.0; 0.24.0-0.34.0
+            (*BUILD_META_BEFORE_024, *BUILD_META),
         ),
         Target(
             CONNECTOR,

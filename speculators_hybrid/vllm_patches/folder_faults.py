@@ -20,9 +20,10 @@ import os
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument, state_on
+from speculators_hybrid.vllm_patches._targets import STOCK_CONNECTOR as CONNECTOR
+from speculators_hybrid.vllm_patches._targets import SUBMIT_ASYNC_WRITE, WAIT_FOR_SAVE
 from speculators_hybrid.vllm_patches.writer import report_failure
 
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 REFUSED = "_speculators_hybrid_refused"  # per connector: requests whose file cannot be made
 
 
@@ -77,13 +78,13 @@ PATCH = Patch(
             CONNECTOR,
             "ExampleHiddenStatesConnector.wait_for_save",
             _wait_for_save,
-            ("0d3c09e2b4e71fb9",),  # 0.24.0-0.34.0
+            WAIT_FOR_SAVE,
         ),
         Target(
             CONNECTOR,
             "ExampleHiddenStatesConnector._submit_async_write",
             _submit,
-            ("3919eee304b9859f", "3bb02be9a07dc09c"),  # 0.24.0-0.29.0, 0.30.0-0.34.0
+            SUBMIT_ASYNC_WRITE,
         ),
     ),
 )

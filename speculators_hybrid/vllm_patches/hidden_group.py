@@ -23,12 +23,16 @@ from __future__ import annotations
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
+from speculators_hybrid.vllm_patches._targets import (
+    CONFIG,
+    GROUPS_BEFORE_022,
+    VALIDATE_BLOCK_SIZE_BEFORE_022,
+)
+from speculators_hybrid.vllm_patches._targets import UTILS as PLANNER
 from speculators_hybrid.vllm_patches.engine_block import remember_engine_block, restore_engine_block
 
 MODELS = "vllm.model_executor.models.extract_hidden_states"
-PLANNER = "vllm.v1.core.kv_cache_utils"
 MANAGERS = "vllm.v1.core.single_type_kv_cache_manager"
-CONFIG = "vllm.config.vllm"
 
 
 def _marked_spec(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -99,13 +103,13 @@ PATCH = Patch(
         Target(
             MODELS, "CacheOnlyAttentionLayer.get_kv_cache_spec", _marked_spec, ("330c04e278e22b82",)
         ),
-        Target(PLANNER, "get_kv_cache_groups", _groups, ("338345488d4bac62",)),
+        Target(PLANNER, "get_kv_cache_groups", _groups, GROUPS_BEFORE_022),
         Target(MANAGERS, "get_manager_for_kv_cache_spec", _manager, ("275da2230316c5d1",)),
         Target(
             CONFIG,
             "VllmConfig.validate_block_size",
             restore_engine_block,
-            ("2fbcd62a2770eb21", "154d40b568da2567"),  # 0.20.0-0.20.2, 0.21.0
+            VALIDATE_BLOCK_SIZE_BEFORE_022,
         ),
     ),
 )

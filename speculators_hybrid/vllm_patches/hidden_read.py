@@ -27,9 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target
+from speculators_hybrid.vllm_patches._targets import STOCK_CONNECTOR as CONNECTOR
 from speculators_hybrid.vllm_patches.hidden_write import _store
 
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 MODELS = "vllm.model_executor.models.extract_hidden_states"
 
 

@@ -17,41 +17,13 @@ import logging
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target
+from speculators_hybrid.vllm_patches._targets import is_hybrid_extraction
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
 STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
 CONNECTOR = "HybridHiddenStatesConnector"
 CONNECTOR_MODULE = "speculators_hybrid.vllm_patches.connector"
-
-
-def is_extraction(config: Any) -> bool:
-    """`config` (a VllmConfig) runs speculators' hidden-state extraction."""
-    spec = getattr(config, "speculative_config", None)
-    return getattr(spec, "method", None) == "extract_hidden_states"
-
-
-# VllmConfig.__post_init__ from 0.22, which several patches wrap (prefix_caching.py,
-# chunked_prompts.py, mamba_all_mode.py)
-POST_INIT_FINGERPRINTS = (
-    "001a72ffb02dddaf",  # 0.22.0-0.22.1
-    "a0518c753537dae1",  # 0.24.0
-    "ed3a733f270eba53",  # 0.25.0-0.25.1
-    "38fbe3c6e8976849",  # 0.29.0
-    "664c26a2b4f177f6",  # 0.33.0
-    "8583df23984206bf",  # 0.23.0
-    "393699e663fc0710",  # 0.26.0
-    "d6977c46ecfcd821",  # 0.27.0-0.27.1
-    "1969c7f5d3ea7f03",  # 0.28.0
-    "eae90b3ca094c338",  # 0.30.0
-    "f7c2967b5256a6a3",  # 0.31.0
-    "7623a01408c594f0",  # 0.32.0
-)
-
-
-def is_hybrid_extraction(config: Any) -> bool:
-    model = getattr(config, "model_config", None)
-    return is_extraction(config) and model is not None and bool(model.is_hybrid)
 
 
 def name_our_connector(config: Any, why: str) -> bool:

@@ -1,16 +1,14 @@
 """Device-to-host copies of hidden-state files, paced so that vLLM's own small copies never
 queue behind them (our connector's writes off the step, vLLM < 0.22).
 
-Why: vLLM's step copies a few bytes to the host and waits for them (indices, counts). On an
-H200 such a copy issued as one step's file copies start (8 x 84 MB at the real size) is done
-after 12 ms instead of 0.1 ms, 10-12 ms with the files cut into pieces queued at once
-(benchmarks/copy_queue.py), and the GPU idles that long while the host waits: the profile's
-largest gaps (benchmarks/results/2026-12-04-vllm0.20.1-real-size-graphs-gaps).
+Why: vLLM's step copies a few bytes to the host and waits for them (indices, counts). Issued
+as one step's file copies start, such a copy waits behind them (whole, or cut into pieces queued
+at once: benchmarks/copy_queue.py), and the GPU idles that long while the host waits: the
+largest gaps of the real-size profile (benchmarks/results/README.md).
 How: one thread per GPU queues the files' copies in pieces of `SPECULATORS_HYBRID_COPY_CHUNK_MIB`
-(2 suggested), at most WINDOW pieces at a time, so a small copy waits for two pieces (0.2 ms on
-an H100) at most. Off by default (0: each tensor queued whole from the step): at 27B size on an
-H100 it wrote the same bytes at the same speed
-(benchmarks/results/2026-12-05-vllm0.20.1-real-size-h100-paced).
+(SUGGESTED_MIB suggested), at most WINDOW pieces at a time, so a small copy waits for two pieces
+at most. Off by default (0: each tensor queued whole from the step): at the real size it wrote
+the same bytes at the same speed (benchmarks/results/README.md, paced host copies).
 """
 
 from __future__ import annotations
@@ -22,10 +20,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from speculators_hybrid import switches
+
 if TYPE_CHECKING:
     import torch
 
-CHUNK_ENV = "SPECULATORS_HYBRID_COPY_CHUNK_MIB"
+CHUNK_ENV = switches.COPY_CHUNK_MIB
 CHUNK_MIB = 0  # measured: no gain end to end (module docstring)
 SUGGESTED_MIB = 2
 WINDOW = 2  # pieces queued at once: one copying, one ready to start

@@ -8,8 +8,8 @@ its speculative path for every 1-token query, which needs the previous step's bl
 model runner passes that index only in a step with draft tokens, and extraction schedules none.
 So the first prompt whose last prefill chunk is one token stops the engine core
 (`assert block_idx_last_scheduled_token_prev_step_d is not None` in mamba_mixer2.py), with
-every request in flight lost. Seen on an H200 (vLLM 0.25.0, 2026-12-02,
-tests/gpu/test_hybrid_families.py, prefix caching on): Nemotron-H and Zamba2 died on a 513-token
+every request in flight lost. Seen on a GPU (vLLM 0.25.0, tests/gpu/test_hybrid_families.py,
+prefix caching on; tests/gpu/results/): Nemotron-H and Zamba2 died on a 513-token
 prompt chunked 512 + 1; Granite 4.0-H and Falcon-H1 matched transformers after their hits only
 because their block sizes gave no 1-token chunk; Jamba (Mamba1) never hit (its tiny model's
 block is 2,048 tokens), so its files after a hit are unproven.
@@ -19,7 +19,7 @@ unset or 'all'), gets `enable_prefix_caching=False`, with a log line saying why.
 `--mamba-cache-mode align` keeps caching on (not GPU-proven for Mamba2). On vLLM 0.22-0.31 (the
 assertion's releases); from 0.28 vLLM's default is 'align' for every model, so there only an
 explicit `--mamba-cache-mode all` is turned off. On 0.20.1 Nemotron-H with prefix caching on
-matched transformers on an H200 (2026-12-02, hits of 80-1,440 tokens).
+matched transformers after its hits on a GPU (tests/gpu/results/).
 Upstream: none yet (vLLM 0.32.0 rewrote that path: no such assertion there).
 """
 
@@ -32,7 +32,7 @@ from packaging.specifiers import SpecifierSet
 
 from speculators_hybrid import families
 from speculators_hybrid.registry import Patch, Target, base_version
-from speculators_hybrid.vllm_patches.hma_config import POST_INIT_FINGERPRINTS, is_hybrid_extraction
+from speculators_hybrid.vllm_patches._targets import CONFIG, POST_INIT, is_hybrid_extraction
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 # the releases whose MambaMixer2 asserts on a 1-token query without draft tokens
@@ -102,10 +102,10 @@ PATCH = Patch(
     why=__doc__ or "",
     targets=(
         Target(
-            "vllm.config.vllm",
+            CONFIG,
             "VllmConfig.__post_init__",
             _caching_off,
-            POST_INIT_FINGERPRINTS,
+            POST_INIT,
         ),
     ),
 )

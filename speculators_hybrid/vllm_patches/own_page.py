@@ -25,18 +25,16 @@ from dataclasses import replace
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
+from speculators_hybrid.vllm_patches._targets import (
+    GROUPS,
+    GROUPS_BEFORE_022,
+    PLANNING,
+    PLANNING_GROUPS,
+    UTILS,
+    is_hidden,
+)
 
 logger = logging.getLogger("vllm.speculators_hybrid")
-
-
-def is_hidden(spec: Any) -> bool:
-    from speculators_hybrid.vllm_patches.spec import HiddenStatesCacheSpec
-
-    try:  # vLLM >= 0.22 has its own marker class
-        from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
-    except ImportError:
-        return isinstance(spec, HiddenStatesCacheSpec)
-    return isinstance(spec, (HiddenStatesCacheSpec, HiddenStateCacheSpec))
 
 
 def one_layer_groups(vllm_config: Any, groups: list[Any]) -> list[Any]:
@@ -77,20 +75,6 @@ def _split(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return one_layer_groups(argument(args, kwargs, 0, "vllm_config"), groups)
 
 
-UTILS = "vllm.v1.core.kv_cache_utils"
-PLANNING = "vllm.v1.core.kv_cache_planning"
-# `get_kv_cache_groups` before 0.33 (kv_cache_utils), from 0.22.0; hidden-block-divides-engine-block
-# wraps it too
-GROUPS_PRINTS = (
-    "f7ed141114e6a019",  # 0.22.0-0.26.0
-    "8db53be9beed11c2",  # 0.27.0-0.27.1
-    "ecaf4c3a55f66a83",  # 0.28.0
-    "041259e3e0196296",  # 0.29.0
-    "e1cc80b67cd5a618",  # 0.30.0
-    "7e1735bb593bf3ad",  # 0.31.0
-    "3c5120319ade9011",  # 0.32.0
-)
-
 PATCH = Patch(
     id="hidden-states-own-page-size",
     project="vllm",
@@ -102,9 +86,9 @@ PATCH = Patch(
             UTILS,
             "get_kv_cache_groups",
             _split,
-            ("338345488d4bac62", *GROUPS_PRINTS),  # and 0.20.0-0.21.0
+            (*GROUPS_BEFORE_022, *GROUPS),
             versions="<0.33",
         ),
-        Target(PLANNING, "get_kv_cache_groups", _split, ("df8b1daaff24dd98",), versions=">=0.33"),
+        Target(PLANNING, "get_kv_cache_groups", _split, PLANNING_GROUPS, versions=">=0.33"),
     ),
 )

@@ -22,9 +22,9 @@ from typing import Any
 
 from speculators_hybrid import switches
 from speculators_hybrid.registry import Patch, Target
-from speculators_hybrid.vllm_patches.hma_config import is_extraction
+from speculators_hybrid.vllm_patches._targets import is_extraction
 
-ENV = "SPECULATORS_HYBRID_PREFILL_ONLY"
+ENV = switches.PREFILL_ONLY
 MAMBA = "vllm.model_executor.layers.mamba.abstract"
 INPUTS = "vllm.v1.engine.input_processor"
 

@@ -6,14 +6,13 @@ prefill. With chunked prefill on, the plugin's connector writes the files there
 (hidden-states-chunked-prompts) and caching stays on; with --no-enable-chunked-prefill vLLM's
 connector stays, and this patch turns caching off with a log line instead of a failed start.
 History: this patch used to turn caching off for every hybrid extraction on vLLM >= 0.22, after
-an H200 run of vLLM 0.25.0 gave wrong hidden states after a hit (cosine down to 0.47). The root
+a GPU run of vLLM 0.25.0 gave wrong hidden states after a hit (docs/verify.md). The root
 cause was the scheduler resuming a hit where the GDN layers had no state
 (hidden-states-consistent-prefix-hit fixes it on 0.24-0.26; vLLM fixed it in 0.27). Since then
 caching is kept on every release, proven:
-- on an H200, prefix caching on, hits of 80-1,440 tokens (the 1,200-token shared prefix of the
-  failure among them), every file within verify's calibrated floor of transformers: vLLM 0.20.1
-  (2026-12-01/02), 0.25.0 (2026-12-02), 0.24.0 (2026-12-03: hits 800/480/1,440/80, 8/8 files,
-  worst 0.99969 at id 8, floor 0.99965; tests/gpu/results/, *-2026-12-03-prefix-on.json);
+- on a GPU, prefix caching on, hits of several lengths (the 1,200-token shared prefix of the
+  failure among them), every file within verify's calibrated floor of transformers: vLLM 0.20.1,
+  0.24.0 and 0.25.0 (tests/gpu/results/, the *-prefix-on.json runs);
 - on the CPU with vLLM's real scheduler, prefix cache and connector sides, 0.22.0-0.33.0: a hit
   resumes where the GDN layers saved state (test_prefix_hit.py, test_prefix_hit_fixed.py) and
   the file after a hit holds every prompt token, equal to an uncached run's
@@ -34,19 +33,25 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from speculators_hybrid.registry import Patch, Target, base_version
-from speculators_hybrid.vllm_patches.hma_config import (
-    CONNECTOR,
-    POST_INIT_FINGERPRINTS,
-    is_hybrid_extraction,
-)
+from speculators_hybrid.vllm_patches._targets import CONFIG, POST_INIT, is_hybrid_extraction
+from speculators_hybrid.vllm_patches.hma_config import CONNECTOR
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 # vLLM PR 37374 made ExampleHiddenStatesConnector refuse chunked prefill; PR 43805 lifted it.
 STOCK_REFUSES_CHUNKED = (Version("0.22.0"), Version("0.24.0"))
 STOCK_TAKES_CHUNKS = STOCK_REFUSES_CHUNKED[1]  # before it, only our connector (chunked_prompts.py)
+
+
+def stock_refuses_chunked(vllm: str | None) -> bool:
+    """vLLM's own connector refuses chunked prefill in this release (0.22-0.23)."""
+    try:
+        v = Version(vllm) if vllm else None
+    except InvalidVersion:
+        return False
+    return v is not None and STOCK_REFUSES_CHUNKED[0] <= v < STOCK_REFUSES_CHUNKED[1]
 
 
 def _takes_chunks(config: Any) -> bool:
@@ -86,10 +91,10 @@ PATCH = Patch(
     why=__doc__ or "",
     targets=(
         Target(
-            "vllm.config.vllm",
+            CONFIG,
             "VllmConfig.__post_init__",
             _caching_off,
-            POST_INIT_FINGERPRINTS,
+            POST_INIT,
         ),
     ),
 )

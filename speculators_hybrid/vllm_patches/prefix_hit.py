@@ -6,8 +6,8 @@ connector to bring the Mamba state for that boundary (as NIXL's P/D transfer doe
 hidden-states connector stores only. So a prompt sharing 1,200 tokens with an earlier one
 prefilled in 400/400/480-token steps resumed at token 1,200, where the GDN layers had saved no
 state (they had at 800): the new tokens ran from a wrong state. This is the root cause of the
-wrong hidden states measured on an H200 with vLLM 0.25.0 after a prefix-cache hit (cosine
-0.47-0.79 at the last ids; hits ending on a step boundary were right). vLLM issue 46453.
+wrong hidden states seen on a GPU with vLLM 0.25.0 after a prefix-cache hit (docs/verify.md;
+hits ending on a step boundary were right). vLLM issue 46453.
 How: while extracting (the plan has a hidden-state group), the per-group lookup answers with
 the hit all groups agree on (`find_longest_cache_hit`, the path used without a connector):
 every group resumes at that length.
@@ -17,8 +17,8 @@ Upstream: vLLM 0.27.0 falls back to the hit all groups agree on when no connecto
 deeper per-group hit; 0.28.0 takes per-group hits only from connectors that declare
 `supports_divergent_local_hybrid_hits` (issue 46453; PRs 48425, 50344). Both resume at 960 here
 (tests/cpu/test_prefix_hit_fixed.py).
-With this fix H200 runs of vLLM 0.24.0 and 0.25.0 matched transformers after hits of 80-1,440
-tokens (2026-12-02/03), so prefix caching stays on for hybrid extraction (prefix_caching.py
+With this fix GPU runs of vLLM 0.24.0 and 0.25.0 matched transformers after their hits
+(tests/gpu/results/), so prefix caching stays on for hybrid extraction (prefix_caching.py
 turns it off only where vLLM's own connector cannot take chunked prefill, 0.22-0.23).
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
-from speculators_hybrid.vllm_patches.own_page import is_hidden
+from speculators_hybrid.vllm_patches._targets import is_hidden
 
 
 def _agreed_hit(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

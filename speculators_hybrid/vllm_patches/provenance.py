@@ -25,6 +25,7 @@ import weakref
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
+from speculators_hybrid.vllm_patches._targets import STOCK_CONNECTOR as CONNECTOR
 from speculators_hybrid.vllm_patches.provenance_meta import (
     bad_rows,
     guard_enabled,
@@ -34,8 +35,6 @@ from speculators_hybrid.vllm_patches.provenance_meta import (
 )
 
 logger = logging.getLogger("vllm.speculators_hybrid")
-
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 
 
 Settings = tuple[dict[str, str] | None, bool]

@@ -8,13 +8,12 @@ a file with NaN/Inf or all-zero token rows is not written; `<path>.rejected` say
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import threading
 from typing import TYPE_CHECKING, Any
 
 from speculators_hybrid import switches
+from speculators_hybrid.hidden_files import PATCHES_KEY, leave_marker
 
 if TYPE_CHECKING:
     import torch
@@ -22,8 +21,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
-SAFETENSORS_SAVE_ENV = "SPECULATORS_HYBRID_SAFETENSORS_SAVE"  # 1: files through save_file
-GUARD_ENV = "SPECULATORS_HYBRID_REFUSE_BAD"
+SAFETENSORS_SAVE_ENV = switches.SAFETENSORS_SAVE  # 1: files through save_file
+GUARD_ENV = switches.REFUSE_BAD
 GUARD_KEY = "refuse_bad_hidden_states"  # in kv_connector_extra_config
 
 
@@ -56,25 +55,6 @@ def _first(mask: torch.Tensor, n: int = 8) -> str:
     return ", ".join(map(str, rows[:n])) + (f" (+{len(rows) - n} more)" if len(rows) > n else "")
 
 
-REJECTED = ".rejected"  # `<path>.rejected`: why there is no file
-
-
-def leave_marker(path: str, reason: str) -> bool:
-    """`<path>.rejected` saying `reason`, whole or not at all: the scheduler may read it while
-    a writer thread makes it. False where the folder takes no file (full, read-only, gone)."""
-    marker = f"{path}{REJECTED}"
-    part = f"{marker}.{os.getpid()}.{threading.get_ident()}"
-    try:
-        with open(part, "w") as out:
-            out.write(reason)
-        os.replace(part, marker)
-        return True
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(part)
-        return False
-
-
 def refuse(path: str, problem: str) -> None:
     """Leave `<path>.rejected` with the reason instead of the file."""
     logger.error("speculators-hybrid: refusing %s: %s", path, problem)
@@ -87,7 +67,7 @@ def provenance(vllm_config: VllmConfig) -> dict[str, str]:
     import json
 
     import speculators_hybrid
-    from speculators_hybrid.plugin import PATCHER
+    from speculators_hybrid.registry import patcher
     from speculators_hybrid.versions import installed
 
     model = vllm_config.model_config
@@ -97,7 +77,7 @@ def provenance(vllm_config: VllmConfig) -> dict[str, str]:
         "writer": "speculators-hybrid",
         "speculators_hybrid_version": speculators_hybrid.__version__,
         "vllm_version": installed("vllm") or "unknown",
-        "speculators_hybrid_patches": json.dumps([p.id for p in PATCHER.selected]),
+        PATCHES_KEY: json.dumps([p.id for p in patcher().selected]),
         "layer_ids": json.dumps(list(draft.eagle_aux_hidden_state_layer_ids)),
         "model": str(model.model),
         "model_config_sha256": hashlib.sha256(config_json.encode()).hexdigest(),

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target
-from speculators_hybrid.vllm_patches.hma_config import is_hybrid_extraction
+from speculators_hybrid.vllm_patches._targets import is_hybrid_extraction
 
 FEATURE = "hidden-state extraction from a hybrid model"  # as in the diffs of patches/vllm
 

@@ -4,9 +4,9 @@ Why: `hidden-states-own-page-size` splits every KV-cache group into one-layer gr
 one-layer hidden-state group does not pay for W - 1 unused pages per block (W = the width
 vLLM gives the model's groups, 16 for a Qwen3.6-27B-like 48 GDN + 16 attention model). The
 model runner then does block tables, slot mappings and attention metadata for 65 groups
-instead of 4 + 1 every step. Measured side by side on an H200 with vLLM 0.20.1 at that size
-(64 x 2,048 tokens, eager, files complete): one layer 0.967x plain prefill, W layers 0.981x,
-the files bit-identical; KV tokens 165,310 against 167,603 (whole W-page blocks).
+instead of 4 + 1 every step. Side by side at that size, W layers run closer to plain prefill
+than one layer, with bit-identical files and slightly fewer KV tokens (whole W-page blocks;
+benchmarks/results/README.md, the hidden states in one wide group).
 How: the extraction model gets W cache-only layers instead of one, layer j storing the slice
 `hidden_states[..., j*h/W:(j+1)*h/W]` (an `MLAAttentionSpec` of n_ids heads x h/W), named
 `cache_only_layers.<n>.slice<j>`. W is computed as vLLM's planner computes the group size
@@ -38,7 +38,7 @@ from speculators_hybrid.registry import Patch, Target, argument
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
-WIDE_ENV = "SPECULATORS_HYBRID_WIDE_HIDDEN"
+WIDE_ENV = switches.WIDE_HIDDEN
 SLICE = "speculators_hybrid_slice"  # attribute of each cache-only layer: (j, W)
 WIDTH = "_speculators_hybrid_width"  # attribute of a widened ExtractHiddenStatesModel
 

@@ -1,7 +1,7 @@
 """Hidden-state files written off the engine step (our connector, vLLM < 0.22): the default.
 
 Why: a file written inside the engine step (copy to the host, serialize, write) holds
-extraction to 0.71x of plain prefill on an H200 at Qwen3.6-27B size (benchmarks/results).
+extraction well below plain prefill at the real size (benchmarks/results/README.md).
 How: the step only gathers the rows on the GPU, queues their copy into pinned host memory
 and takes `<path>.lock`; a thread waits for the copy, writes the file aside, renames it into
 place and releases the lock, as vLLM >= 0.22's own connector does.
@@ -25,17 +25,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any
 
 from speculators_hybrid import switches
+from speculators_hybrid.hidden_files import REJECTED, leave_marker
 from speculators_hybrid.vllm_patches import host_copy
-from speculators_hybrid.vllm_patches.provenance_meta import REJECTED, leave_marker, save_whole
+from speculators_hybrid.vllm_patches.provenance_meta import save_whole
 
 if TYPE_CHECKING:  # importable without torch: the launcher reads ASYNC_ENV
     import torch
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
-ASYNC_ENV = "SPECULATORS_HYBRID_ASYNC_WRITES"
+ASYNC_ENV = switches.ASYNC_WRITES
 ASYNC_KEY = "async_writes"  # in kv_connector_extra_config
-THREADS_ENV = "SPECULATORS_HYBRID_WRITER_THREADS"
+THREADS_ENV = switches.WRITER_THREADS
 THREADS_KEY = "num_writer_threads"  # in kv_connector_extra_config (vLLM >= 0.22's own key)
 THREADS = 8  # as vLLM >= 0.22's writer: the last step's files are written side by side
 

@@ -33,11 +33,11 @@ from vllm.plugins import load_general_plugins  # noqa: E402
 load_general_plugins()  # vLLM's own loader, once per process: our entry point arms PATCHER
 
 from speculators_hybrid import planning  # noqa: E402
-from speculators_hybrid.launcher.adjust import STOCK_REFUSES_CHUNKED  # noqa: E402
 from speculators_hybrid.models import write_config  # noqa: E402
 from speculators_hybrid.planning import engine_scheduler, model_output  # noqa: E402, F401
 from speculators_hybrid.plugin import PATCHER, vllm_patches  # noqa: E402
 from speculators_hybrid.registry import base_version  # noqa: E402
+from speculators_hybrid.vllm_patches.prefix_caching import STOCK_REFUSES_CHUNKED  # noqa: E402
 
 VLLM = base_version(PATCHER.version_of("vllm") or "0")  # the installed release
 # What vLLM >= 0.34 builds Qwen3.5 from on CUDA (other platforms: model_executor/models/qwen3_5.py);

@@ -28,11 +28,11 @@ import pytest
 from conftest import NO_CHUNKED_PREFILL, scratch, set_shim
 
 from speculators_hybrid import families, planning
+from speculators_hybrid.extraction import speculators_default
 from speculators_hybrid.family_presets import PRESETS, write_family_config
 from speculators_hybrid.registry import base_version
 from speculators_hybrid.versions import installed
 from speculators_hybrid.vllm_patches import prefill_only
-from speculators_hybrid.vllm_patches.extraction_input import speculators_default
 from speculators_hybrid.vllm_patches.own_page import is_hidden
 
 RELEASE = str(base_version(installed("vllm") or "0"))

@@ -18,8 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import engine  # noqa: E402
 from benchmarks import extraction as bench  # noqa: E402
+from speculators_hybrid.extraction import extraction_args  # noqa: E402
 from speculators_hybrid.models import write_config  # noqa: E402
-from speculators_hybrid.planning import extraction_args  # noqa: E402
 
 # ---------------------------------------------------------------- arguments and models
 

@@ -373,3 +373,20 @@ def test_cli_dataset_errors_are_usage_errors(tmp_path):
     except ImportError:
         done = cli(str(tmp_path), "--dataset", str(tmp_path))
         assert done.returncode == 2 and "pip install datasets" in done.stderr
+
+
+def test_known_bad_writers_name_the_patches_that_fix_them():
+    """A known-bad writer's `fixes` are ids of our vLLM patches needed by exactly those releases
+    (renaming a patch or changing its range breaks `check`'s verdict otherwise)."""
+    from packaging.specifiers import SpecifierSet
+
+    from speculators_hybrid.support import VLLM
+    from speculators_hybrid.vllm_patches import PATCHES
+
+    by_id = {p.id: p for p in PATCHES}
+    for bad in check.KNOWN_BAD:
+        assert bad.fixes and bad.fixes <= set(by_id), bad.fixes
+        bad_releases = [v for v in VLLM if v in SpecifierSet(bad.vllm)]
+        assert bad_releases, bad.vllm
+        for fix in bad.fixes:
+            assert [v for v in VLLM if by_id[fix].needed_for(v)] == bad_releases, fix

@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launchers"))
 from launch_support import FORCES_NO_CHUNKED, GENERATIONS, models  # noqa: E402
 
 from speculators_hybrid import launch  # noqa: E402
+from speculators_hybrid.extraction import layer_ids_error  # noqa: E402
 from speculators_hybrid.launcher import adjust, intercept  # noqa: E402
-from speculators_hybrid.vllm_patches.extraction_input import layer_ids_error  # noqa: E402
 
 SOURCES = ["builtin", *GENERATIONS]  # the built-in launcher behaves as main's
 

@@ -6,7 +6,7 @@ from importlib import metadata
 
 import pytest
 
-from speculators_hybrid import plugin
+from speculators_hybrid import plugin, registry
 from speculators_hybrid.vllm_patches import PATCHES
 
 
@@ -19,7 +19,7 @@ def test_entry_point_is_declared_for_vllm():
 
 def test_off_switch_patches_nothing(monkeypatch):
     monkeypatch.setenv("SPECULATORS_HYBRID_DISABLE", "1")
-    monkeypatch.setattr(plugin, "PATCHER", plugin.Patcher(version_of=lambda d: "0.20.1"))
+    monkeypatch.setattr(registry, "PATCHER", registry.Patcher(version_of=lambda d: "0.20.1"))
     plugin.register()
     assert not plugin.PATCHER.active and plugin.PATCHER.selected == []
 
@@ -27,7 +27,7 @@ def test_off_switch_patches_nothing(monkeypatch):
 def test_without_vllm_nothing_is_armed(monkeypatch):
     monkeypatch.delenv("SPECULATORS_HYBRID_DISABLE", raising=False)
     monkeypatch.setattr(plugin, "installed", lambda dist: None)
-    monkeypatch.setattr(plugin, "PATCHER", plugin.Patcher(version_of=lambda d: None))
+    monkeypatch.setattr(registry, "PATCHER", registry.Patcher(version_of=lambda d: None))
     plugin.register()
     assert not plugin.PATCHER.active
 
