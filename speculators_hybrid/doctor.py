@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -327,8 +328,8 @@ def run(
                 path = str(write_config(demo, DEMO))
                 target = replace(load(path), model=f"the built-in {DEMO} config")
             else:
-                path = model
-                target = load(model)
+                path = config_folder(model)
+                target = load(path)
             ids = preflight(target, ids, tp)
         except LaunchError as exc:
             print(f"speculators-hybrid doctor: error: {exc}", file=sys.stderr)
@@ -343,6 +344,10 @@ def run(
             from vllm.plugins import load_general_plugins
 
             load_general_plugins()  # stdout is for the report: vLLM's prints go to stderr
+            problem = unknown_model_type(target.config)
+            if problem:
+                print(f"speculators-hybrid doctor: error: {problem}", file=sys.stderr)
+                return 2
             out = report(
                 path, ids, tp, max_model_len, memory_gib, prefix_caching, max_num_batched_tokens
             )
@@ -350,6 +355,41 @@ def run(
     out["verdict"] = verdict(out)
     print(json.dumps(out, indent=2) if as_json else render(out))
     return 0 if out["plans"][-1]["ok"] else 1
+
+
+def config_folder(model: str) -> str:
+    """MODEL as doctor plans it: a config.json file stands for its folder."""
+    path = os.path.expanduser(model)
+    if os.path.basename(path) == "config.json" and os.path.isfile(path):
+        return os.path.dirname(path) or "."
+    return model
+
+
+def unknown_model_type(config: dict[str, Any]) -> str | None:
+    """Why neither transformers nor vLLM's own config classes read this config's model_type
+    (None: one of them does); vLLM would fail on it inside each plan. After vLLM's import:
+    transformers alone takes seconds to import."""
+    model_type = config.get("model_type")
+    from transformers import CONFIG_MAPPING
+    from transformers import __version__ as transformers_version
+
+    from speculators_hybrid.versions import installed
+
+    if model_type in CONFIG_MAPPING:
+        return None
+    try:
+        from vllm.transformers_utils.config import _CONFIG_REGISTRY as vllm_configs
+    except ImportError:  # another vLLM layout: let vLLM's own error speak
+        return None
+    if model_type in vllm_configs:
+        return None
+    if not isinstance(model_type, str):
+        return "config.json has no model_type: transformers and vLLM read a config by it"
+    return (
+        f"model_type {model_type!r} is known to neither transformers {transformers_version} nor "
+        f"vLLM {installed('vllm')}: check config.json's model_type, or install a transformers "
+        "release that has it"
+    )
 
 
 def untested(vllm: str | None) -> str:
@@ -494,13 +534,28 @@ def prefill_only_lines(out: dict[str, Any]) -> list[str]:
     ]
 
 
+def option_problem(args: argparse.Namespace) -> str | None:
+    """Why a numeric option cannot be planned with (None: every one can), said before vLLM
+    loads: vLLM would fail 5-15 s later with a pydantic text that names no option."""
+    if args.tp < 1:
+        return f"--tp {args.tp}: the tensor parallel size is 1 or more"
+    for flag, value in (
+        ("--max-model-len", args.max_model_len),
+        ("--max-num-batched-tokens", args.max_num_batched_tokens),
+    ):
+        if value is not None and value < 1:
+            return f"{flag} {value}: give a number of tokens, 1 or more (or leave it out)"
+    if not (math.isfinite(args.memory) and args.memory > 0):
+        return f"--memory {args.memory:g}: give the KV-cache memory in GiB, above 0 (e.g. 40)"
+    return None
+
+
 def _cli(args: argparse.Namespace) -> int:
+    problem = option_problem(args)
     if (args.model is None) == (not args.demo):
-        print(
-            "speculators-hybrid doctor: error: give a model or config directory, or --demo "
-            "(not both)",
-            file=sys.stderr,
-        )
+        problem = "give a model or config directory, or --demo (not both)"
+    if problem:
+        print(f"speculators-hybrid doctor: error: {problem}", file=sys.stderr)
         return 2
     return run(
         args.model,

@@ -163,6 +163,11 @@ def config_path(model: str) -> Path:
         if not path.is_file():
             raise LaunchError(f"model directory {model} has no config.json")
         return path
+    if folder.is_file():
+        raise LaunchError(
+            f"{model} is a file: give the model's folder, the one holding config.json "
+            f"({folder.parent})"
+        )
     if folder.exists() or model.startswith((".", "/", "~")):
         raise LaunchError(f"model directory {model} does not exist or is not a directory")
     cached = _cached_config(model)

@@ -146,3 +146,18 @@ def test_a_failed_plan_shows_vllms_error_in_one_line_and_what_to_do(tmp_path, ca
         assert "pydantic" not in line and "input_value" not in line and "ArgsKwargs" not in line
     assert "true bytes:" not in out and "connector ;" not in out
     assert out.rstrip().endswith("Pass --max-model-len N (at most what the model allows).")
+
+
+def test_a_config_file_stands_for_its_folder_and_an_unknown_model_type_is_one_line(tmp_path):
+    done = doctor(str(Path(config(tmp_path, "llama", LLAMA)) / "config.json"), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["setup"]["max_model_len"] == 131072
+
+    unknown = config(tmp_path, "unknown", {**LLAMA, "model_type": "no_such_family"})
+    done = doctor(unknown)
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-3000:]
+    line = done.stderr.strip()
+    assert "\n" not in line and line.startswith(
+        "speculators-hybrid doctor: error: model_type 'no_such_family' is known to neither "
+        "transformers "
+    ), line

@@ -61,6 +61,7 @@ def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (root / name / "config.json").write_text(text)
         out[name] = root / name
     (root / "no-config").mkdir()
+    (root / "no-config" / "weights.bin").write_bytes(b"")
     out["no-config"] = root / "no-config"
     return out
 
@@ -70,7 +71,16 @@ DOCTOR_BAD = {  # case: (arguments, what the line says)
     "no config.json": (["{no-config}"], "has no config.json"),
     "malformed JSON": (["{malformed}"], "cannot read"),
     "not an object": (["{list}"], "is not a JSON object"),
-    "no layers": (["{empty-object}"], "has no integer num_hidden_layers"),
+    "no layers": (["{empty-object}"], "gives no layer count: no integer num_hidden_layers"),
+    "a file": (["{no-config}/weights.bin"], "weights.bin is a file: give the model's folder"),
+    "max-model-len 0": (["--demo", "--max-model-len", "0"], "--max-model-len 0: give a number"),
+    "max-model-len -5": (["--demo", "--max-model-len", "-5"], "--max-model-len -5: give a"),
+    "batched tokens": (["--demo", "--max-num-batched-tokens", "-1"], "-batched-tokens -1: give"),
+    "memory -1": (["--demo", "--memory", "-1"], "--memory -1: give the KV-cache memory in GiB"),
+    "memory 0": (["--demo", "--memory", "0"], "--memory 0: give the KV-cache memory in GiB"),
+    "memory nan": (["--demo", "--memory", "nan"], "--memory nan: give the KV-cache memory"),
+    "TP 0": (["--demo", "--tp", "0"], "--tp 0: the tensor parallel size is 1 or more"),
+    "TP -2": (["--demo", "--tp", "-2"], "--tp -2: the tensor parallel size is 1 or more"),
     "hub name": (["Some-Org/Not-Downloaded-Model"], "not a local directory"),
     "duplicate ids": (["--demo", "--ids", "2", "2", "32", "64"], "duplicated [2]"),
     "ids out of range": (["{hybrid-text}", "--ids", "1", "9"], "outside [0, 8]: [9]"),
@@ -139,6 +149,15 @@ def test_launch_custom_ids_come_sorted_with_our_note_instead_of_a_warning(config
 def test_launch_refuses_before_exec_in_one_line(name, args, says, configs):
     done, took = cli("launch", str(configs[name]), *args)
     assert says in one_line_error(done, "launch") and took < 10
+
+
+def test_launch_names_the_folder_of_a_config_file(configs):
+    config = configs["hybrid-text"] / "config.json"
+    done, _ = cli("launch", str(config), "--dry-run")
+    line = one_line_error(done, "launch")
+    assert line.endswith(
+        f"is a file: give the model's folder, the one holding config.json ({config.parent})"
+    )
 
 
 def test_run_names_a_missing_command():
