@@ -55,7 +55,7 @@ def check_family(target: Target, vllm: str | None) -> None:
 def check_tp(cmd: Command, target: Target) -> None:
     """Refuse a tensor parallel size that does not divide the model's heads (target.tp_error)."""
     raw = cmd.option(TP_FLAGS)
-    if raw is not None and raw.strip().isdigit():
+    if raw is not None and raw.strip().lstrip("+-").isdigit():
         message = tp_error(target, int(raw))
         if message is not None:
             raise LaunchError(message)

@@ -142,6 +142,7 @@ def test_launch_custom_ids_come_sorted_with_our_note_instead_of_a_warning(config
     "name, args, says",
     [
         ("hybrid-text", ["--", "--tensor-parallel-size", "3"], "tensor parallel size 3"),
+        ("hybrid-text", ["--", "-tp", "-1"], "tensor parallel size -1: it must be 1 or more"),
         ("bamba", [], "BambaForCausalLM (bamba) has no EAGLE-3"),
         ("hybrid-text", ["--target-layer-ids", "2", "2"], "duplicated [2]"),
     ],
