@@ -194,6 +194,29 @@ def test_every_command_and_option_has_help_text():
     assert missing == []
 
 
+def _parsers(parser: argparse.ArgumentParser, name: str) -> dict[str, argparse.ArgumentParser]:
+    found = {name: parser}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, subparser in action.choices.items():
+                found |= _parsers(subparser, f"{name} {sub}")
+    return found
+
+
+def test_every_command_has_a_description_and_the_top_says_what_the_tool_is():
+    parsers = _parsers(build_parser(), "speculators-hybrid")
+    bare = [name for name, p in parsers.items() if not p.description and p.add_help]
+    assert bare == []  # `launch` (add_help off) answers --help with its own parser: below
+    done, _ = cli("--help")
+    assert "Hidden-state extraction for speculators' drafter training on hybrid" in done.stdout
+    done, _ = cli("patches", "check", "--help")
+    assert "By default the installed vLLM and speculators releases are checked" in " ".join(
+        done.stdout.split()
+    )
+    done, _ = cli("launch", "--help")
+    assert done.returncode == 0 and "--dry-run" in done.stdout
+
+
 def _commands(parser: argparse.ArgumentParser, prefix: str) -> set[str]:
     """Every leaf command, e.g. `speculators-hybrid patches check`."""
     found = set()
