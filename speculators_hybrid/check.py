@@ -38,6 +38,7 @@ FLOAT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2":
 HS_NAME = re.compile(r"^hs_(\d+)\.safetensors$")
 REJECTED = ".rejected"  # `<path>.rejected`: why there is no file (vllm_patches/provenance_meta.py)
 EXAMPLES = 5  # token indices quoted per problem
+INSTALL_CHECK = "pip install 'speculators-hybrid[check]' (numpy, datasets)"
 
 
 @dataclass(frozen=True)
@@ -403,7 +404,9 @@ def _check(args: argparse.Namespace) -> int:
     try:
         import numpy  # noqa: F401
     except ImportError:
-        return usage_error("check reads files with numpy, which is not installed here")
+        return usage_error(
+            f"check reads files with numpy, which is not installed here: {INSTALL_CHECK}"
+        )
     samples = None
     if args.dataset:
         if not os.path.isdir(args.dataset):
@@ -411,7 +414,7 @@ def _check(args: argparse.Namespace) -> int:
         try:
             import datasets  # noqa: F401
         except ImportError:
-            return usage_error("--dataset needs the `datasets` package: pip install datasets")
+            return usage_error(f"--dataset needs the `datasets` package: {INSTALL_CHECK}")
         try:
             samples = Samples(args.dataset)
         except Exception as exc:  # noqa: BLE001

@@ -372,4 +372,17 @@ def test_cli_dataset_errors_are_usage_errors(tmp_path):
         import datasets  # noqa: F401
     except ImportError:
         done = cli(str(tmp_path), "--dataset", str(tmp_path))
-        assert done.returncode == 2 and "pip install datasets" in done.stderr
+        assert done.returncode == 2
+        assert "needs the `datasets` package: pip install 'speculators-hybrid[check]'" in (
+            done.stderr
+        )
+
+
+def test_the_check_extra_holds_what_check_imports():
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    wanted = [Requirement(r) for r in metadata.requires("speculators-hybrid") or []]
+    extra = {r.name for r in wanted if r.marker and r.marker.evaluate({"extra": "check"})}
+    assert {"numpy", "datasets"} <= extra
