@@ -240,6 +240,13 @@ def _inspect(handle: Any, report: FileReport, samples: Samples | None, chunk: in
             report.error("bad_shape", f"token_ids has shape {shape}, expected [tokens]")
         else:
             tokens = shape[0]
+            if dtype == "I64" and tokens:
+                negative = _indices(ids.all() < 0, 0)
+                if negative:
+                    report.error(
+                        "bad_token_id",
+                        f"token_ids holds negative ids (at tokens {negative[:EXAMPLES]})",
+                    )
     if "hidden_states" in keys:
         states = handle.get_slice("hidden_states")
         dtype, shape = states.get_dtype(), states.get_shape()
@@ -326,6 +333,22 @@ def mark_inconsistent(reports: list[FileReport]) -> None:
             )
 
 
+def mark_mixed_dtypes(reports: list[FileReport]) -> None:
+    """Flag files whose hidden-state dtype differs from the most common one (one server writes
+    one dtype: a mix is files of two runs, or of two models)."""
+    dtypes = Counter(r.dtype for r in reports if r.dtype)
+    if len(dtypes) < 2:
+        return
+    common, count = dtypes.most_common(1)[0]
+    for report in reports:
+        if report.dtype and report.dtype != common:
+            report.error(
+                "inconsistent_dtype",
+                f"hidden_states is {report.dtype}; {count} of {sum(dtypes.values())} files "
+                f"are {common}",
+            )
+
+
 def progress(total: int) -> Any:
     """tqdm's bar on a terminal's stderr (nothing otherwise, or without tqdm)."""
     try:
@@ -397,10 +420,26 @@ def usage_error(message: str) -> int:
     return 2
 
 
+def _lock_files(paths: list[str]) -> int:
+    """How many `<file>.lock` files (a writer's, while it writes) lie under the folders."""
+    return sum(
+        name.endswith(".lock")
+        for path in paths
+        if os.path.isdir(path)
+        for _, _, files in os.walk(path)
+        for name in files
+    )
+
+
 def _check(args: argparse.Namespace) -> int:
     missing = [p for p in args.paths if not os.path.exists(p) and not os.path.exists(p + REJECTED)]
     if missing:
         return usage_error(f"no such file or folder: {', '.join(missing)}")
+    if args.verify_with and not os.path.isfile(os.path.join(args.verify_with, "config.json")):
+        return usage_error(
+            f"--verify-with {args.verify_with}: no config.json there; give the model's folder "
+            "(weights + config)"
+        )
     try:
         import numpy  # noqa: F401
     except ImportError:
@@ -421,6 +460,13 @@ def _check(args: argparse.Namespace) -> int:
             return usage_error(f"cannot read dataset {args.dataset}: {exc}")
     paths = list(find_files(args.paths, rejected=True))
     if not paths:
+        locks = _lock_files(args.paths)
+        if locks:
+            return usage_error(
+                f"no .safetensors files found, only {locks} .lock files: the writer has not "
+                "finished those files (or stopped before it did); wait for it, or see the "
+                "server's log"
+            )
         return usage_error("no .safetensors files found")
     bar = progress(len(paths))
     reports: list[FileReport] = []
@@ -435,6 +481,7 @@ def _check(args: argparse.Namespace) -> int:
     if bar is not None:
         bar.close()
     mark_inconsistent(reports)
+    mark_mixed_dtypes(reports)
     summary = summarize(reports, samples)
     passed = [r.path for r in reports if r.ok]
     if args.json:

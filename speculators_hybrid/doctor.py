@@ -96,6 +96,8 @@ def per_token(specs: dict[str, Any]) -> PerToken:
             out.hidden_bytes_per_token += bytes_per_token(spec)
         elif isinstance(spec, MambaSpec):
             out.state_layers += 1
+            if getattr(spec, "page_size_padded", None) is not None:  # vLLM's own size, unpadded
+                spec = replace(spec, page_size_padded=None)
             out.state_bytes_per_request += spec.page_size_bytes
         elif isinstance(spec, AttentionSpec):
             out.attention_layers += 1
@@ -287,6 +289,7 @@ def prefill_only_plan(setup: planning.Setup, memory: int, target: int) -> dict[s
 
 
 DEMO = "qwen3.6-27b-like"
+DEFAULT_MEMORY_GIB = 72.0  # 0.9 x 80 GiB
 
 
 def quiet_vllm(verbose: bool) -> None:
@@ -314,6 +317,7 @@ def run(
     as_json: bool,
     verbose: bool = False,
     max_num_batched_tokens: int | None = None,
+    include_last_layer: bool = True,
 ) -> int:
     """The report for `model` (None: the built-in demo config); 0 when extraction plans with
     the patches, 1 when it does not, 2 for bad input (one line on stderr)."""
@@ -330,7 +334,19 @@ def run(
             else:
                 path = config_folder(model)
                 target = load(path)
+            note = None
+            if ids:  # as `launch` and speculators' launcher take --target-layer-ids
+                from speculators_hybrid.launcher.builtin import layer_ids
+
+                given = argparse.Namespace(
+                    target_layer_ids=ids, include_last_layer=include_last_layer
+                )
+                listed, note = layer_ids(given, target.num_layers)
+                note = note if listed != sorted(ids) else None  # said when n was added
+                ids = tuple(listed)
             ids = preflight(target, ids, tp)
+            if note:  # once the ids are accepted
+                print(f"speculators-hybrid doctor: {note}", file=sys.stderr)
         except LaunchError as exc:
             print(f"speculators-hybrid doctor: error: {exc}", file=sys.stderr)
             return 2
@@ -567,6 +583,7 @@ def _cli(args: argparse.Namespace) -> int:
         args.json,
         args.verbose,
         args.max_num_batched_tokens,
+        args.include_last_layer,
     )
 
 
@@ -589,7 +606,15 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         nargs="+",
         metavar="ID",
-        help="target layer ids (default: speculators' [2, n//2, n-3, n])",
+        help="target layer ids (default: speculators' [2, n//2, n-3, n]); n, the last layer, "
+        "is added as `launch` adds it",
+    )
+    doc.add_argument(
+        "--include-last-layer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="add n, the last layer, to --ids, as `launch` and speculators' launcher do "
+        "(default on; --no-include-last-layer plans the ids as given)",
     )
     doc.add_argument(
         "--tp", type=int, default=1, metavar="N", help="tensor parallel size (default 1)"
@@ -603,9 +628,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     doc.add_argument(
         "--memory",
         type=float,
-        default=256.0,
+        default=DEFAULT_MEMORY_GIB,
         metavar="GIB",
-        help="KV-cache memory the capacity is computed for, in GiB (default 256)",
+        help="KV-cache memory the capacity is computed for, in GiB (default "
+        f"{DEFAULT_MEMORY_GIB:g}: an 80 GiB H100 at vLLM's default gpu_memory_utilization 0.9, "
+        "before the weights take their share; give what your server leaves the KV cache)",
     )
     doc.add_argument(
         "--prefix-caching", action="store_true", help="plan with prefix caching on (default off)"

@@ -107,6 +107,8 @@ def plan(argv: list[str]) -> tuple[Command, bool]:
             raise LaunchError(str(exc)) from None
     notes: list[str] = []  # about the ids, said once the command is accepted
     if launcher is not None:
+        if rest and not rest[0].startswith("-"):  # MODEL, first as the launchers take it: a
+            target.config_path(rest[0])  # missing path or uncached hub id, before the hub tries
         cmd = intercept.capture(launcher, rest, notes.append)
     else:
         cmd, args = builtin.build(rest)

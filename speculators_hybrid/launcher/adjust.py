@@ -230,10 +230,16 @@ def chunked_prefill(
         return argv
     if NO_CHUNKED_PREFILL in argv and NO_CHUNKED_PREFILL not in user_args:
         argv = [a for a in argv if a != NO_CHUNKED_PREFILL]
-        log(
-            f"removed {NO_CHUNKED_PREFILL} (forced by this launcher): with prefix caching on a "
-            "hybrid target vLLM uses the mamba 'align' cache mode, which needs chunked prefill"
+        why = (
+            "with prefix caching on a hybrid target vLLM uses the mamba 'align' cache mode, "
+            "which needs chunked prefill"
+            if "--enable-prefix-caching" in argv
+            else f"{f'vLLM {vllm}' if vllm else 'vLLM'} extracts with chunked prefill on (only "
+            "0.22-0.23's own connector refuses it), so a prompt longer than "
+            "max_num_batched_tokens is served in chunks "
+            f"(pass {NO_CHUNKED_PREFILL} after `--` to keep it)"
         )
+        log(f"removed {NO_CHUNKED_PREFILL} (forced by this launcher): {why}")
     return argv
 
 

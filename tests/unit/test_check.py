@@ -386,3 +386,46 @@ def test_the_check_extra_holds_what_check_imports():
     wanted = [Requirement(r) for r in metadata.requires("speculators-hybrid") or []]
     extra = {r.name for r in wanted if r.marker and r.marker.evaluate({"extra": "check"})}
     assert {"numpy", "datasets"} <= extra
+
+
+def test_cli_refuses_a_negative_token_id_and_a_mix_of_dtypes(tmp_path):
+    write(tmp_path / "hs_0.safetensors", token_ids=torch.tensor([5, -5, 7] + [1] * 9))
+    done = cli(str(tmp_path / "hs_0.safetensors"))
+    assert done.returncode == 1
+    assert "token_ids holds negative ids (at tokens [1])" in done.stdout
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for i in range(3):
+        write(mixed / f"hs_{i}.safetensors", hs=states(seed=i))
+    write(mixed / "hs_3.safetensors", hs=states(seed=3).float())
+    done = cli(str(mixed))
+    assert done.returncode == 1
+    assert f"FAILED {mixed}/hs_3.safetensors: hidden_states is F32; 3 of 4 files are BF16" in (
+        done.stdout
+    )
+    assert done.stdout.count("FAILED") == 1
+
+
+def test_cli_says_a_folder_of_lock_files_is_unfinished(tmp_path):
+    (tmp_path / "hs_0.safetensors.lock").write_text("")
+    (tmp_path / "hs_1.safetensors.lock").write_text("")
+    done = cli(str(tmp_path))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[0] == (
+        "speculators-hybrid check: error: no .safetensors files found, only 2 .lock files: the "
+        "writer has not finished those files (or stopped before it did); wait for it, or see "
+        "the server's log"
+    )
+
+
+def test_cli_checks_verify_with_before_reading_any_file(tmp_path):
+    write(tmp_path / "hs_0.safetensors")
+    start = time.monotonic()
+    done = cli(str(tmp_path), "--verify-with", str(tmp_path / "no-model"))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[0] == (
+        f"speculators-hybrid check: error: --verify-with {tmp_path}/no-model: no config.json "
+        "there; give the model's folder (weights + config)"
+    )
+    assert time.monotonic() - start < 30

@@ -161,6 +161,45 @@ def test_launch_names_the_folder_of_a_config_file(configs):
     )
 
 
+def test_launch_gives_the_true_reason_for_dropping_a_forced_flag(configs):
+    launcher = str(Path(__file__).resolve().parents[1] / "launchers" / "launch_vllm_0_6.py")
+    removed = "removed --no-enable-chunked-prefill (forced by this launcher): "
+    base = ["launch", "--launcher", launcher, str(configs["hybrid-text"]), "--dry-run"]
+    done, _ = cli(*base)
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if removed in x]
+    assert "extracts with chunked prefill on" in line and "prefix caching" not in line
+    assert line.endswith("(pass --no-enable-chunked-prefill after `--` to keep it)")
+    if installed("vllm") is None:  # with a vLLM here, the plugin may turn caching off instead
+        done, _ = cli(*base, "--", "--enable-prefix-caching")
+        assert done.returncode == 0, done.stderr
+        (line,) = [x for x in done.stderr.splitlines() if removed in x]
+        assert line.endswith("mamba 'align' cache mode, which needs chunked prefill")
+
+
+def test_ids_that_do_not_fit_are_answered_with_speculators_default_where_it_fits(configs):
+    done, _ = cli("launch", str(configs["hybrid-text"]), "--target-layer-ids", "1", "9")
+    line = one_line_error(done, "launch")
+    assert (
+        "speculators' default here is [2, 4, 5, 8]. Pass distinct ids, e.g. [2, 4, 5, 8]:" in line
+    )
+    done, _ = cli("launch", str(configs["hybrid-4"]))  # the default does not fit 4 layers
+    assert "e.g. [1, 2, 3, 4]" in one_line_error(done, "launch")
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        ("/nonexistent/model", "model directory /nonexistent/model does not exist"),
+        ("Some-Org/Not-Downloaded-Model", "is not a local directory (nor in the Hugging Face"),
+    ],
+)
+def test_a_launcher_is_not_run_for_a_model_that_is_not_here(model, says):
+    launcher = str(Path(__file__).resolve().parents[1] / "launchers" / "launch_vllm_main.py")
+    done, took = cli("launch", "--launcher", launcher, model, "--dry-run")
+    assert says in one_line_error(done, "launch") and took < 10
+
+
 def test_run_names_a_missing_command():
     done, _ = cli("run", "-q", "--", "nosuchcommand")
     assert done.returncode == 127
