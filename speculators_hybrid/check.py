@@ -25,6 +25,7 @@ import json
 import os
 import re
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -104,12 +105,14 @@ class Samples:
         self.path = path
         self._ids = data.select_columns(["input_ids"]).with_format(None)
         self.matched: set[int] = set()
+        self._lock = threading.Lock()  # files are checked on several threads (--jobs)
 
     def __len__(self) -> int:
         return len(self._ids)
 
     def input_ids(self, index: int) -> list[int]:
-        return list(self._ids[index]["input_ids"])
+        with self._lock:
+            return list(self._ids[index]["input_ids"])
 
 
 def patch_ids(raw: str) -> set[str]:
@@ -145,9 +148,32 @@ def _indices(mask: Any, offset: int) -> list[int]:
     return [offset + int(i) for i in np.flatnonzero(mask)[:EXAMPLES]]
 
 
+# IEEE formats read by their bits: (unsigned type, all but the sign bit, +Inf). Magnitude bits
+# above +Inf's are NaN, equal are Inf, zero is +-0; float8 goes through its value table.
+BITS = {
+    "BF16": ("<u2", 0x7FFF, 0x7F80),
+    "F16": ("<u2", 0x7FFF, 0x7C00),
+    "F32": ("<u4", 0x7FFF_FFFF, 0x7F80_0000),
+    "F64": ("<u8", 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000),
+}
+
+
+def _magnitudes(tensor: Any, dtype: str, start: int, stop: int, out: Any) -> tuple[Any, int]:
+    """Rows [start, stop) as the bits of their magnitudes (sign cleared, into `out`: no other
+    copy of the file's data), and +Inf's bits; float8 as float32 magnitudes, +Inf."""
+    import numpy as np
+
+    if dtype not in BITS:
+        return np.abs(tensor[start:stop]), np.float32(np.inf)
+    kind, magnitude, infinity = BITS[dtype]
+    raw = tensor.raw(slice(start, stop)).view(kind)
+    return np.bitwise_and(raw, magnitude, out=out[: len(raw)]), infinity
+
+
 def _scan_values(tensor: Any, shape: list[int], dtype: str, report: FileReport, chunk: int) -> None:
-    """Finite values, and no all-zero token row, layer slot or vector, one row chunk at a time
-    (numpy: check never imports torch)."""
+    """Finite values, and no all-zero token row, layer slot or vector, one row chunk at a time,
+    on the values' bits (numpy: check never imports torch): a pass to clear the sign bits and a
+    max per (token, slot) vector; NaN and Inf counted only in a chunk that has them."""
     import numpy as np
 
     tokens, n_ids, hidden = shape
@@ -156,16 +182,18 @@ def _scan_values(tensor: Any, shape: list[int], dtype: str, report: FileReport, 
     first_rows: list[int] = []
     first_bad: list[int] = []
     slot_used = np.zeros(n_ids, dtype=bool)
+    out = np.empty((min(rows, tokens), n_ids, hidden), BITS[dtype][0] if dtype in BITS else "u1")
     for start in range(0, tokens, rows):
-        part = tensor[start : start + rows]
-        low, high = part.min(axis=2), part.max(axis=2)  # [rows, slots], NaN propagates
-        if not bool(np.isfinite(low).all() and np.isfinite(high).all()):
-            nans, infs = np.isnan(part), np.isinf(part)
+        part, infinity = _magnitudes(tensor, dtype, start, min(start + rows, tokens), out)
+        top = part.max(axis=2)  # [rows, slots]: the largest magnitude; NaN's bits are above Inf's
+        if bool((top >= infinity).any()) or np.isnan(top).any():
+            nans = (part > infinity) | np.isnan(part)
+            infs = part == infinity
             nan += int(nans.sum())
             inf += int(infs.sum())
             if len(first_bad) < EXAMPLES:
                 first_bad += _indices((nans | infs).any(axis=(1, 2)), start)
-        used = (low != 0) | (high != 0)  # NaN counts as used
+        used = top != 0  # NaN counts as used
         empty_rows = ~used.any(axis=1)
         zero_rows += int(empty_rows.sum())
         zero_vectors += int((~used[~empty_rows]).sum())
@@ -431,7 +459,37 @@ def _lock_files(paths: list[str]) -> int:
     )
 
 
+def default_jobs() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _checked(paths: list[str], samples: Samples | None, jobs: int) -> Iterator[FileReport]:
+    """check_file on each path, in order, `jobs` files at a time: threads, since numpy's scans
+    run without the GIL (a few files ahead at most: bounded memory)."""
+    if jobs == 1 or len(paths) == 1:
+        yield from (check_file(path, samples) for path in paths)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        pending: deque[Any] = deque()
+        for path in paths:
+            pending.append(pool.submit(check_file, path, samples))
+            if len(pending) >= 2 * jobs:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
 def _check(args: argparse.Namespace) -> int:
+    if args.jobs is not None and args.jobs < 1:
+        return usage_error(f"--jobs {args.jobs}: give 1 or more files at a time")
+    args.jobs = args.jobs or default_jobs()
     missing = [p for p in args.paths if not os.path.exists(p) and not os.path.exists(p + REJECTED)]
     if missing:
         return usage_error(f"no such file or folder: {', '.join(missing)}")
@@ -471,8 +529,7 @@ def _check(args: argparse.Namespace) -> int:
     bar = progress(len(paths))
     reports: list[FileReport] = []
     failed = 0
-    for path in paths:
-        report = check_file(path, samples)
+    for report in _checked(paths, samples, args.jobs):
         failed += not report.ok
         reports.append(report)
         if bar is not None:
@@ -520,6 +577,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders of them")
     parser.add_argument("--dataset", metavar="ARROW_DIR", help="speculators' prepared dataset")
     parser.add_argument("--json", action="store_true", help="summary and per-file report as JSON")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="files checked at a time (default: the cores this process may use)",
+    )
     parser.add_argument(
         "--verify-with",
         metavar="MODEL_DIR",
