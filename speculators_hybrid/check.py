@@ -13,8 +13,9 @@ failed) is a failed file with the marker's reason. Files are read `--jobs` at a 
 the cores), each in row chunks of its values' bits (memory-mapped with numpy,
 safetensors_file.py: no torch import), so folders of hundreds of thousands of files run in
 bounded memory: ~0.011 s a real-size file (2,048 tokens x 4 ids x 5,120, bf16, 84 MB) from the
-page cache on one core, 0.7x `cat`'s rate (benchmarks/check_rate.py). Exit status: 0 all good, 1 some file failed (each is
-named with its reasons), 2 nothing to check or bad arguments (a path that does not exist).
+page cache on one core, 0.7x `cat`'s rate (benchmarks/check_rate.py). Exit status: 0 all
+good, 1 some file failed (each is named with its reasons), 2 nothing to check or bad arguments
+(a path that does not exist).
 These checks cannot see a plausible but wrong file (a layer off by one, another request's rows, a
 bad prefix-cache hit): `--verify-with MODEL_DIR` then runs `speculators-hybrid verify`, which
 recomputes a sample with the model.
@@ -36,7 +37,7 @@ from typing import IO, Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-CHUNK_BYTES = 4 << 20  # rows scanned at a time: a buffer that stays in cache (64 MB: 0.55x the rate)
+CHUNK_BYTES = 4 << 20  # rows scanned at a time: the buffer stays in cache (64 MB: 0.55x the rate)
 FLOAT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 HS_NAME = re.compile(r"^hs_(\d+)\.safetensors$")
 REJECTED = ".rejected"  # `<path>.rejected`: why there is no file (vllm_patches/provenance_meta.py)
