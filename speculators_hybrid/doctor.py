@@ -595,7 +595,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         description=(__doc__ or "").split("`--json`")[0].strip(),
         epilog="Exit status: 0 extraction plans with the patches, 1 it does not, 2 bad input.",
     )
-    doc.add_argument("model", nargs="?", help="model or config directory (config.json is enough)")
+    doc.add_argument(
+        "model", nargs="?", help="model or config directory, or its config.json (it is enough)"
+    )
     doc.add_argument(
         "--demo",
         action="store_true",
