@@ -326,7 +326,9 @@ def _installed_release(root: Path, project: str) -> tuple[str | None, str]:
 
 
 def _size(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+    if n >= 1e8:
+        return f"{n / 1e9:.1f} GB"
+    return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{max(1, round(n / 1e3))} kB"
 
 
 def _announce(root: Path, todo: list[tuple[str, str]]) -> None:

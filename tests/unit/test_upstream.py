@@ -210,3 +210,4 @@ def test_cli_check_says_what_it_downloads_and_only_when_asked(
             out = out[1:]
         assert out[0].startswith(f"vllm 1.0 (wheel {wheels}/vllm-1.0-py3-none-any.whl)")
         assert out[1:] == ["  ok   0001-fix-answer.patch: applies"]
+    assert [upstream._size(n) for n in (312_000, 41_000_000)] == ["312 kB", "41 MB"]
