@@ -496,6 +496,10 @@ def _check(args: argparse.Namespace) -> int:
     missing = [p for p in args.paths if not os.path.exists(p) and not os.path.exists(p + REJECTED)]
     if missing:
         return usage_error(f"no such file or folder: {', '.join(missing)}")
+    for flag, folder in (("--verify-with", args.verify_with), ("--dataset", args.dataset)):
+        if folder and os.path.isfile(folder):
+            parent = os.path.dirname(os.path.abspath(folder))
+            return usage_error(f"{flag} {folder} is a file: give its folder ({parent})")
     if args.verify_with and not os.path.isfile(os.path.join(args.verify_with, "config.json")):
         return usage_error(
             f"--verify-with {args.verify_with}: no config.json there; give the model's folder "

@@ -501,3 +501,19 @@ def test_the_rate_benchmark_runs_on_small_files(tmp_path, capsys):
     assert all(row["mb_per_s"] > 0 and row["files_per_s"] > 0 for row in doc["results"].values())
     assert not folder.exists()  # the files are removed unless --keep
     assert "check --jobs 2" in capsys.readouterr().out
+
+
+def test_cli_names_the_folder_of_a_file_given_for_one(tmp_path):
+    write(tmp_path / "hs_0.safetensors")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    for flag, given in (
+        ("--verify-with", tmp_path / "model" / "config.json"),
+        ("--dataset", tmp_path / "hs_0.safetensors"),
+    ):
+        done = cli(str(tmp_path / "hs_0.safetensors"), flag, str(given))
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.splitlines()[0] == (
+            f"speculators-hybrid check: error: {flag} {given} is a file: give its folder "
+            f"({given.parent})"
+        )
