@@ -8,6 +8,8 @@ problem, the evidence, the fix, its relation to upstream and the tests that cove
 - check: each diff applies to the release's pristine source, read from the installed package
   when its version is the release, else from the release's wheel (`pip download` into a cache
   folder, or a wheel already in $SPECULATORS_HYBRID_WHEELS); only the touched files are read.
+  By default only the installed releases; other ones with `--version` or `--all`, which first
+  say which wheels they download and how large they are.
 - unpack: the release's package into a fresh git repository, one commit per existing diff
   (subject `NNNN-<patch-id>`, body the header).
 - export: one diff per commit of such a repository, each keeping its header.
