@@ -11,6 +11,19 @@ from speculators_hybrid.registry import Patch, Patcher
 from speculators_hybrid.verify import command as verify_command
 from speculators_hybrid.versions import installed
 
+DESCRIPTION = (
+    "Hidden-state extraction for speculators' drafter training on hybrid target models "
+    "(attention mixed with Gated DeltaNet / Mamba / conv state layers: Qwen3.5/3.6, "
+    "Qwen3-Next, Nemotron-H, ...). Installed next to vLLM it is a vLLM plugin that patches "
+    "every vLLM process; these commands plan the KV cache on a CPU (doctor), start the server "
+    "(launch), check and verify the files it writes (check, verify), run speculators with its "
+    "patches (run) and show the patches (patches)."
+)
+PATCHES = (
+    "The runtime patches of vLLM and speculators: `list` says which apply to the releases "
+    "installed here; `check`, `unpack` and `export` work on their source diffs under patches/."
+)
+
 
 def all_patches() -> tuple[Patch, ...]:
     from speculators_hybrid.speculators_patches import PATCHES
@@ -29,6 +42,12 @@ def _patches_list(args: argparse.Namespace) -> int:
         f"speculators {installed('speculators') or 'not installed'}"
         + ("; SPECULATORS_HYBRID_DISABLE is set" if disabled() else "")
     )
+    for project in ("vllm", "speculators"):
+        if not installed(project):
+            print(
+                f"{project} is not installed here: its patches apply where it runs, to the "
+                "versions below (run `speculators-hybrid patches list` there)"
+            )
     doctor.quiet_vllm(args.verbose)  # vLLM's import logs: stderr, and only with -v
     if installed("vllm") and _stand_in_torchvision():
         print(
@@ -38,6 +57,8 @@ def _patches_list(args: argparse.Namespace) -> int:
     for patch in all_patches():
         needed = patch.needed_for(installed(patch.project))
         state = "applies here" if needed else "not needed here"
+        if installed(patch.project) is None:  # not "not needed": the versions say where
+            state = f"{patch.project} not installed here"
         if patch.id in off:
             state = f"{state}; off: {switches.DISABLED_PATCHES}"
         print(f"\n{patch.id}  [{state}]")
@@ -81,11 +102,13 @@ def _check(patch: Patch) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="speculators-hybrid", description=__doc__)
+    parser = argparse.ArgumentParser(prog="speculators-hybrid", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    patches = sub.add_parser("patches", help="the patches and whether they apply here")
+    patches = sub.add_parser(
+        "patches", help="the patches and whether they apply here", description=PATCHES
+    )
     patches_sub = patches.add_subparsers(dest="action", required=True)
     listing = patches_sub.add_parser(
         "list",

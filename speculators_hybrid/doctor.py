@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -95,6 +96,8 @@ def per_token(specs: dict[str, Any]) -> PerToken:
             out.hidden_bytes_per_token += bytes_per_token(spec)
         elif isinstance(spec, MambaSpec):
             out.state_layers += 1
+            if getattr(spec, "page_size_padded", None) is not None:  # vLLM's own size, unpadded
+                spec = replace(spec, page_size_padded=None)
             out.state_bytes_per_request += spec.page_size_bytes
         elif isinstance(spec, AttentionSpec):
             out.attention_layers += 1
@@ -272,6 +275,7 @@ def prefill_only_plan(setup: planning.Setup, memory: int, target: int) -> dict[s
 
 
 DEMO = "qwen3.6-27b-like"
+DEFAULT_MEMORY_GIB = 72.0  # 0.9 x 80 GiB
 
 
 def run(
@@ -284,6 +288,7 @@ def run(
     as_json: bool,
     verbose: bool = False,
     max_num_batched_tokens: int | None = None,
+    include_last_layer: bool = True,
 ) -> int:
     """The report for `model` (None: the built-in demo config); 0 when extraction plans with
     the patches, 1 when it does not, 2 for bad input (one line on stderr)."""
@@ -298,9 +303,21 @@ def run(
                 path = str(write_config(demo, DEMO))
                 target = replace(load(path), model=f"the built-in {DEMO} config")
             else:
-                path = model
-                target = load(model)
+                path = config_folder(model)
+                target = load(path)
+            note = None
+            if ids:  # as `launch` and speculators' launcher take --target-layer-ids
+                from speculators_hybrid.launcher.builtin import layer_ids
+
+                given = argparse.Namespace(
+                    target_layer_ids=ids, include_last_layer=include_last_layer
+                )
+                listed, note = layer_ids(given, target.num_layers)
+                note = note if listed != sorted(ids) else None  # said when n was added
+                ids = tuple(listed)
             ids = preflight(target, ids, tp)
+            if note:  # once the ids are accepted
+                print(f"speculators-hybrid doctor: {note}", file=sys.stderr)
         except LaunchError as exc:
             print(f"speculators-hybrid doctor: error: {exc}", file=sys.stderr)
             return 2
@@ -314,6 +331,10 @@ def run(
             from vllm.plugins import load_general_plugins
 
             load_general_plugins()  # stdout is for the report: vLLM's prints go to stderr
+            problem = unknown_model_type(target.config)
+            if problem:
+                print(f"speculators-hybrid doctor: error: {problem}", file=sys.stderr)
+                return 2
             out = report(
                 path, ids, tp, max_model_len, memory_gib, prefix_caching, max_num_batched_tokens
             )
@@ -321,6 +342,41 @@ def run(
     out["verdict"] = verdict(out)
     print(json.dumps(out, indent=2) if as_json else render(out))
     return 0 if out["plans"][-1]["ok"] else 1
+
+
+def config_folder(model: str) -> str:
+    """MODEL as doctor plans it: a config.json file stands for its folder."""
+    path = os.path.expanduser(model)
+    if os.path.basename(path) == "config.json" and os.path.isfile(path):
+        return os.path.dirname(path) or "."
+    return model
+
+
+def unknown_model_type(config: dict[str, Any]) -> str | None:
+    """Why neither transformers nor vLLM's own config classes read this config's model_type
+    (None: one of them does); vLLM would fail on it inside each plan. After vLLM's import:
+    transformers alone takes seconds to import."""
+    model_type = config.get("model_type")
+    from transformers import CONFIG_MAPPING
+    from transformers import __version__ as transformers_version
+
+    from speculators_hybrid.versions import installed
+
+    if model_type in CONFIG_MAPPING:
+        return None
+    try:
+        from vllm.transformers_utils.config import _CONFIG_REGISTRY as vllm_configs
+    except ImportError:  # another vLLM layout: let vLLM's own error speak
+        return None
+    if model_type in vllm_configs:
+        return None
+    if not isinstance(model_type, str):
+        return "config.json has no model_type: transformers and vLLM read a config by it"
+    return (
+        f"model_type {model_type!r} is known to neither transformers {transformers_version} nor "
+        f"vLLM {installed('vllm')}: check config.json's model_type, or install a transformers "
+        "release that has it"
+    )
 
 
 def untested(vllm: str | None) -> str:
@@ -465,13 +521,28 @@ def prefill_only_lines(out: dict[str, Any]) -> list[str]:
     ]
 
 
+def option_problem(args: argparse.Namespace) -> str | None:
+    """Why a numeric option cannot be planned with (None: every one can), said before vLLM
+    loads: vLLM would fail 5-15 s later with a pydantic text that names no option."""
+    if args.tp < 1:
+        return f"--tp {args.tp}: the tensor parallel size is 1 or more"
+    for flag, value in (
+        ("--max-model-len", args.max_model_len),
+        ("--max-num-batched-tokens", args.max_num_batched_tokens),
+    ):
+        if value is not None and value < 1:
+            return f"{flag} {value}: give a number of tokens, 1 or more (or leave it out)"
+    if not (math.isfinite(args.memory) and args.memory > 0):
+        return f"--memory {args.memory:g}: give the KV-cache memory in GiB, above 0 (e.g. 40)"
+    return None
+
+
 def _cli(args: argparse.Namespace) -> int:
+    problem = option_problem(args)
     if (args.model is None) == (not args.demo):
-        print(
-            "speculators-hybrid doctor: error: give a model or config directory, or --demo "
-            "(not both)",
-            file=sys.stderr,
-        )
+        problem = "give a model or config directory, or --demo (not both)"
+    if problem:
+        print(f"speculators-hybrid doctor: error: {problem}", file=sys.stderr)
         return 2
     return run(
         args.model,
@@ -483,6 +554,7 @@ def _cli(args: argparse.Namespace) -> int:
         args.json,
         args.verbose,
         args.max_num_batched_tokens,
+        args.include_last_layer,
     )
 
 
@@ -494,7 +566,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         description=(__doc__ or "").split("`--json`")[0].strip(),
         epilog="Exit status: 0 extraction plans with the patches, 1 it does not, 2 bad input.",
     )
-    doc.add_argument("model", nargs="?", help="model or config directory (config.json is enough)")
+    doc.add_argument(
+        "model", nargs="?", help="model or config directory, or its config.json (it is enough)"
+    )
     doc.add_argument(
         "--demo",
         action="store_true",
@@ -505,7 +579,15 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         nargs="+",
         metavar="ID",
-        help="target layer ids (default: speculators' [2, n//2, n-3, n])",
+        help="target layer ids (default: speculators' [2, n//2, n-3, n]); n, the last layer, "
+        "is added as `launch` adds it",
+    )
+    doc.add_argument(
+        "--include-last-layer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="add n, the last layer, to --ids, as `launch` and speculators' launcher do "
+        "(default on; --no-include-last-layer plans the ids as given)",
     )
     doc.add_argument(
         "--tp", type=int, default=1, metavar="N", help="tensor parallel size (default 1)"
@@ -519,9 +601,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     doc.add_argument(
         "--memory",
         type=float,
-        default=256.0,
+        default=DEFAULT_MEMORY_GIB,
         metavar="GIB",
-        help="KV-cache memory the capacity is computed for, in GiB (default 256)",
+        help="KV-cache memory the capacity is computed for, in GiB (default "
+        f"{DEFAULT_MEMORY_GIB:g}: an 80 GiB H100 at vLLM's default gpu_memory_utilization 0.9, "
+        "before the weights take their share; give what your server leaves the KV cache)",
     )
     doc.add_argument(
         "--prefix-caching", action="store_true", help="plan with prefix caching on (default off)"

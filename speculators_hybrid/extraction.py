@@ -48,7 +48,9 @@ def layer_ids_error(ids: Sequence[Any], n: int, model: str, from_text_config: bo
         note = f" speculators' default [2, n//2, n-3, n] gives {default} here: no fit either."
     else:
         note = ""
-    hint = suggested_ids(n)
+    hint = default if not id_problems(default, n) else suggested_ids(n)
+    if hint == default:
+        note += f" speculators' default here is {default}."
     return (
         f"layer ids {list(ids)} do not fit {model} (n = {n} decoder layers{source}): "
         f"{'; '.join(problems)}. Ids must be distinct and within [0, {n}] (0 = the embeddings, "

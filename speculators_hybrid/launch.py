@@ -17,6 +17,7 @@ import argparse
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 
 from speculators_hybrid.launcher import LaunchError, adjust, builtin, intercept, target
 from speculators_hybrid.launcher.command import Command
@@ -106,6 +107,8 @@ def plan(argv: list[str]) -> tuple[Command, bool]:
             raise LaunchError(str(exc)) from None
     notes: list[str] = []  # about the ids, said once the command is accepted
     if launcher is not None:
+        if rest and not rest[0].startswith("-"):  # MODEL, first as the launchers take it: a
+            target.config_path(rest[0])  # missing path or uncached hub id, before the hub tries
         cmd = intercept.capture(launcher, rest, notes.append)
     else:
         cmd, args = builtin.build(rest)
@@ -125,6 +128,19 @@ def plan(argv: list[str]) -> tuple[Command, bool]:
     return cmd, dry_run
 
 
+def shell_line(cmd: Command, base: Mapping[str, str] | None = None) -> str:
+    """`cmd` as one shell line that runs the same thing from the environment `base` (this
+    process's by default): `env [-u NAME]... NAME=VALUE... FILE ARGS...` where the command's
+    environment differs from it, else `FILE ARGS...`; every word shell-quoted."""
+    base = os.environ if base is None else base
+    words = [cmd.file, *cmd.argv[1:]]
+    if cmd.env is None:
+        return shlex.join(words)
+    unset = [w for name in sorted(set(base) - set(cmd.env)) for w in ("-u", name)]
+    changed = [f"{k}={v}" for k, v in sorted(cmd.env.items()) if base.get(k) != v]
+    return shlex.join(["env", *unset, *changed, *words] if unset or changed else words)
+
+
 def execute(cmd: Command) -> None:
     """Replace this process with `cmd` (returns only if the exec fails)."""
     sys.stdout.flush()
@@ -142,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cmd, dry_run = plan(list(sys.argv[1:] if argv is None else argv))
         print(DRY_RUN_BANNER if dry_run else intercept.BANNER)
-        print(shlex.join(cmd.argv), flush=True)
+        print(shell_line(cmd), flush=True)
         if dry_run:
             return 0
         execute(cmd)

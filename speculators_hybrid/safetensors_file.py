@@ -119,6 +119,11 @@ class Slice:
         return self.shape
 
     def __getitem__(self, rows: slice) -> np.ndarray:
+        return _as_numbers(self.raw(rows), self.dtype)
+
+    def raw(self, rows: slice) -> np.ndarray:
+        """Rows as stored, not copied (BF16 as uint16 bits, float8 as bytes): a view of the
+        mapped file."""
         first, last, step = rows.indices(self.shape[0] if self.shape else 1)
         if step != 1:
             raise ValueError("rows are read as one contiguous range")
@@ -126,7 +131,7 @@ class Slice:
         start = self._begin + first * row
         count = max(0, last - first) * row // self._numpy.itemsize
         raw = np.frombuffer(self._data, self._numpy, count, start)
-        return _as_numbers(raw.reshape(max(0, last - first), *self.shape[1:]), self.dtype)
+        return raw.reshape(max(0, last - first), *self.shape[1:])
 
     def all(self) -> np.ndarray:
         if not self.shape:  # a scalar

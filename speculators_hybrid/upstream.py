@@ -8,6 +8,8 @@ problem, the evidence, the fix, its relation to upstream and the tests that cove
 - check: each diff applies to the release's pristine source, read from the installed package
   when its version is the release, else from the release's wheel (`pip download` into a cache
   folder, or a wheel already in $SPECULATORS_HYBRID_WHEELS); only the touched files are read.
+  By default only the installed releases; other ones with `--version` or `--all`, which first
+  say which wheels they download and how large they are.
 - unpack: the release's package into a fresh git repository, one commit per existing diff
   (subject `NNNN-<patch-id>`, body the header).
 - export: one diff per commit of such a repository, each keeping its header.
@@ -86,12 +88,54 @@ def _installed(project: str, version: str) -> Path | None:
     return Path(str(dist.locate_file("")))
 
 
-def wheel(project: str, version: str) -> Path:
-    """The release's wheel, from $SPECULATORS_HYBRID_WHEELS or the cache (downloaded once)."""
-    folder = Path(
+def wheel_folder() -> Path:
+    """Where release wheels are read from, and downloaded to."""
+    return Path(
         os.environ.get(switches.WHEELS) or Path.home() / ".cache" / "speculators-hybrid" / "wheels"
     )
-    pattern = f"{project.replace('-', '_')}-{version}-*.whl"
+
+
+def _wheel_pattern(project: str, version: str) -> str:
+    return f"{project.replace('-', '_')}-{version}-*.whl"
+
+
+def needs_download(project: str, version: str) -> bool:
+    """Checking this release would download its wheel (not installed here, not in the folder)."""
+    return _installed(project, version) is None and not any(
+        wheel_folder().glob(_wheel_pattern(project, version))
+    )
+
+
+def wheel_sizes(project: str, timeout: float = 10) -> dict[str, int]:
+    """Bytes of each release's wheel for this machine, from PyPI's JSON API ({} when it cannot
+    be read): the largest wheel built for this CPU architecture or for any."""
+    import json
+    import platform
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"https://pypi.org/pypi/{project}/json", timeout=timeout) as r:
+            files = json.load(r)["releases"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    machine = platform.machine()
+    sizes = {}
+    for version, entries in files.items():
+        fits = [
+            int(e.get("size") or 0)
+            for e in entries
+            if e.get("filename", "").endswith(".whl")
+            and (machine in e["filename"] or e["filename"].endswith("-any.whl"))
+        ]
+        if fits:
+            sizes[version] = max(fits)
+    return sizes
+
+
+def wheel(project: str, version: str) -> Path:
+    """The release's wheel, from $SPECULATORS_HYBRID_WHEELS or the cache (downloaded once)."""
+    folder = wheel_folder()
+    pattern = _wheel_pattern(project, version)
     found = sorted(folder.glob(pattern))
     if not found:
         pip = pip_command()
@@ -267,28 +311,97 @@ def export(root: Path, project: str, version: str, repo: Path) -> list[Path]:
 # ---- command line (`speculators-hybrid patches check|unpack|export`) ----
 
 
+def _installed_release(root: Path, project: str) -> tuple[str | None, str]:
+    """The installed release of `project` whose diffs are checked by default, and what to say
+    when there is none."""
+    from speculators_hybrid.versions import installed
+
+    version = installed(project)
+    if version is None:
+        return None, f"{project}: not installed here"
+    if diffs(root, project, version):
+        return version, ""
+    known = releases(root, project)
+    return None, (
+        f"{project} {version}: installed; patches/ has no diffs for this release"
+        + (f" (it has {known[0]} to {known[-1]})" if known else "")
+    )
+
+
+def _size(n: int) -> str:
+    if n >= 1e8:
+        return f"{n / 1e9:.1f} GB"
+    return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{max(1, round(n / 1e3))} kB"
+
+
+def _announce(root: Path, todo: list[tuple[str, str]]) -> None:
+    """Say which wheels checking `todo` will download, and how large they are, before it does."""
+    fetch = [(p, v) for p, v in todo if diffs(root, p, v) and needs_download(p, v)]
+    if not fetch or pip_command() is None:  # without pip, the check says what to do instead
+        return
+    sizes = {p: wheel_sizes(p) for p in {p for p, _ in fetch}}
+    known = [sizes[p].get(v) for p, v in fetch]
+    total = sum(n for n in known if n)
+    how_large = (
+        f"{_size(total)}" + (" and more" if None in known else "")
+        if total
+        else "size unknown: PyPI could not be read"
+    )
+    names = ", ".join(f"{p} {v}" for p, v in fetch)
+    print(
+        f"downloading {len(fetch)} wheel{'s' if len(fetch) > 1 else ''} ({how_large}) into "
+        f"{wheel_folder()}: {names}",
+        flush=True,
+    )
+
+
 def _check_cli(args: argparse.Namespace) -> int:
     root = Path(args.root).resolve()
     if args.source and len(args.project or ()) * len(args.version or ()) != 1:
         print("check: --source needs exactly one --project and one --version", file=sys.stderr)
         return 2
+    if args.all and args.version:
+        print("check: --all or --version, not both", file=sys.stderr)
+        return 2
+    projects = args.project or ("vllm", "speculators")
+    todo: list[tuple[str, str]] = []
+    skipped = []
+    for project in projects:
+        if args.version or args.all:
+            todo += [(project, v) for v in args.version or releases(root, project)]
+            continue
+        version, why = _installed_release(root, project)
+        if version is None:
+            skipped.append(why)
+        else:
+            todo.append((project, version))
+    if not (args.version or args.all):
+        others = "--version V checks another release, --all every one (downloads their wheels)"
+        if not todo:
+            said = "; ".join(skipped)
+            print(f"check: nothing installed here to check ({said}); {others}", file=sys.stderr)
+            return 2
+        print(f"the installed releases; {others}")
+        for why in skipped:
+            print(why)
+    if not args.source:
+        _announce(root, todo)
     failed = 0
-    for project in args.project or ("vllm", "speculators"):
-        for version in args.version or releases(root, project):
-            if not diffs(root, project, version):
-                print(f"{project} {version}: no diffs")
-                failed += 1
-                continue
-            try:
-                where, results = check(root, project, version, args.source)
-            except (OSError, subprocess.CalledProcessError) as exc:
-                print(f"{project} {version}: no pristine source: {exc}")
-                failed += 1
-                continue
-            print(f"{project} {version} ({where})")
-            for result in results:
-                print(f"  {'ok  ' if result.ok else 'FAIL'} {result.diff.name}: {result.message}")
-                failed += not result.ok
+    for project, version in todo:
+        if not diffs(root, project, version):
+            print(f"{project} {version}: no diffs")
+            failed += 1
+            continue
+        try:
+            where, results = check(root, project, version, args.source)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"{project} {version}: no pristine source: {exc}")
+            failed += 1
+            continue
+        print(f"{project} {version} ({where})")
+        for result in results:
+            print(f"  {'ok  ' if result.ok else 'FAIL'} {result.diff.name}: {result.message}")
+            failed += not result.ok
     return 1 if failed else 0
 
 
@@ -329,23 +442,50 @@ def add_cli(patches_sub: argparse._SubParsersAction) -> None:
     root = dict(default=str(ROOT), help=f"the patches folder (default {ROOT})")
     source = dict(type=Path, help="a folder holding the pristine package, instead of the wheel")
 
-    check_parser = patches_sub.add_parser("check", help="do the diffs apply to their releases?")
+    check_parser = patches_sub.add_parser(
+        "check",
+        help="do the diffs apply to their releases?",
+        description="Apply each source diff under patches/ to its release's pristine source "
+        "and say whether it applies. By default the installed vLLM and speculators releases "
+        "are checked, from their installed files (no download). --version V or --all check "
+        "other releases from their wheels, downloaded into $SPECULATORS_HYBRID_WHEELS or "
+        "~/.cache/speculators-hybrid/wheels (what is fetched, and how large, is said first; "
+        "every release's wheels are several GB). Exit status: 0 every diff applies, 1 one "
+        "does not, 2 bad input or nothing to check.",
+    )
     check_parser.add_argument(
         "--project",
         action="append",
         choices=("vllm", "speculators"),
         help="only this project's diffs (repeatable; default both)",
     )
-    check_parser.add_argument("--version", action="append", help="a release (default: all)")
+    check_parser.add_argument(
+        "--version",
+        action="append",
+        help="a release, its wheel downloaded unless installed (repeatable; default: the "
+        "installed release)",
+    )
+    check_parser.add_argument(
+        "--all",
+        action="store_true",
+        help="every release that has diffs (downloads the wheels not installed: several GB)",
+    )
     check_parser.add_argument("--source", **source)  # type: ignore[arg-type]
     check_parser.add_argument("--root", **root)  # type: ignore[arg-type]
     check_parser.set_defaults(func=_check_cli)
 
     unpack_parser = patches_sub.add_parser(
-        "unpack", help="a release as a git repo, diffs as commits"
+        "unpack",
+        help="a release as a git repo, diffs as commits",
+        description="A release's package (installed, else its wheel, downloaded) in a new git "
+        "repository: the pristine source, then one commit per diff under patches/. Edit, "
+        "commit, then `export`.",
     )
     export_parser = patches_sub.add_parser(
-        "export", help="regenerate a release's diffs from a repo"
+        "export",
+        help="regenerate a release's diffs from a repo",
+        description="One diff under patches/ per commit of a repository made by `unpack`, "
+        "each keeping its header (commit subjects NNNN-<patch-id>).",
     )
     for parser in (unpack_parser, export_parser):
         parser.add_argument(

@@ -28,6 +28,7 @@ from speculators_hybrid.vllm_patches.prefix_caching import (
 
 PLUGIN = "speculators_hybrid"
 NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill"
+BACKEND_FLAG = "--hidden-states-backend"  # speculators' launcher has it from 0.7.0
 LANGUAGE_ONLY = "--language-model-only"
 FIRST_LANGUAGE_ONLY = Version("0.20.1")  # MultiModalConfig.language_model_only
 OWN_CONNECTOR_BEFORE = Version("0.22")  # below it our connector writes the files (writer.py)
@@ -57,7 +58,7 @@ def check_family(target: Target, vllm: str | None) -> None:
 def check_tp(cmd: Command, target: Target) -> None:
     """Refuse a tensor parallel size that does not divide the model's heads (target.tp_error)."""
     raw = cmd.option(TP_FLAGS)
-    if raw is not None and raw.strip().isdigit():
+    if raw is not None and raw.strip().lstrip("+-").isdigit():
         message = tp_error(target, int(raw))
         if message is not None:
             raise LaunchError(message)
@@ -73,10 +74,25 @@ def _plugins_env(env: dict[str, str], log: Log) -> dict[str, str] | None:
     return {**env, "VLLM_PLUGINS": new}
 
 
+def launcher_generation(cmd: Command, user_args: list[str]) -> str | None:
+    """The speculators release line of a --launcher script, told by its CLI: "0.5" (no
+    --hidden-states-backend and no forced --no-enable-chunked-prefill: speculators 0.5.0),
+    "0.6" (forces that flag), "0.7+" (has the backend option); None for the built-in launcher,
+    or where 0.5 and 0.6 look alike (the user passed --no-enable-chunked-prefill)."""
+    if cmd.launcher_options is None:
+        return None
+    if BACKEND_FLAG in cmd.launcher_options:
+        return "0.7+"
+    if NO_CHUNKED_PREFILL in user_args:
+        return None
+    return "0.6" if NO_CHUNKED_PREFILL in cmd.argv else "0.5"
+
+
 def _writes_env(
-    env: dict[str, str], vllm: str | None, ours: bool, log: Log
+    env: dict[str, str], vllm: str | None, ours: bool, log: Log, generation: str | None = None
 ) -> dict[str, str] | None:
-    """Files off the engine step unless a reader here would not wait for them (README).
+    """Files off the engine step unless a reader would not wait for them (README): speculators
+    < 0.6 installed here, or the launcher is 0.5.0's, wherever its speculators is installed.
     `ours`: our connector writes them (vLLM < 0.22; 0.22-0.23 with chunked prefill)."""
     v = _version(vllm)
     if v is None or ASYNC_ENV in env:
@@ -85,18 +101,21 @@ def _writes_env(
         reader = _version(metadata.version("speculators"))
     except metadata.PackageNotFoundError:
         reader = None
+    whose = f"speculators {reader}"
+    if generation == "0.5" and (reader is None or reader >= FIRST_WAITING_READER):
+        reader, whose = Version("0.5.0"), "speculators 0.5.0 (this launcher's release)"
     waits = reader is None or reader >= FIRST_WAITING_READER
     if v >= OWN_CONNECTOR_BEFORE and not ours:
         if not waits:
             log(
-                f"warning: speculators {reader} reads hidden-state files without waiting for "
+                f"warning: {whose} reads hidden-state files without waiting for "
                 f"their lock, and vLLM {vllm} writes them after the response: upgrade "
                 "speculators to >= 0.6"
             )
         return None
     if not waits:
         log(
-            f"speculators {reader} reads hidden-state files without waiting for their lock: "
+            f"{whose} reads hidden-state files without waiting for their lock: "
             f"files written inside the engine step ({ASYNC_ENV}=0; ~0.7x of the off-step "
             "speed at 27B size); speculators >= 0.6 waits"
         )
@@ -213,10 +232,16 @@ def chunked_prefill(
         return argv
     if NO_CHUNKED_PREFILL in argv and NO_CHUNKED_PREFILL not in user_args:
         argv = [a for a in argv if a != NO_CHUNKED_PREFILL]
-        log(
-            f"removed {NO_CHUNKED_PREFILL} (forced by this launcher): with prefix caching on a "
-            "hybrid target vLLM uses the mamba 'align' cache mode, which needs chunked prefill"
+        why = (
+            "with prefix caching on a hybrid target vLLM uses the mamba 'align' cache mode, "
+            "which needs chunked prefill"
+            if "--enable-prefix-caching" in argv
+            else f"{f'vLLM {vllm}' if vllm else 'vLLM'} extracts with chunked prefill on (only "
+            "0.22-0.23's own connector refuses it), so a prompt longer than "
+            "max_num_batched_tokens is served in chunks "
+            f"(pass {NO_CHUNKED_PREFILL} after `--` to keep it)"
         )
+        log(f"removed {NO_CHUNKED_PREFILL} (forced by this launcher): {why}")
     return argv
 
 
@@ -302,6 +327,7 @@ def for_hybrid(
     check_family(target, vllm)
     check_tp(cmd, target)
     plugin = _plugin_checks(log)
+    generation = launcher_generation(cmd, user_args)  # before the forced flag is dropped
     argv = chunked_prefill(list(cmd.argv), user_args, vllm, plugin, log)
     if target.multimodal and not any(
         "language-model-only" in a or "language_model_only" in a for a in argv
@@ -320,7 +346,7 @@ def for_hybrid(
     env = dict(cmd.env if cmd.env is not None else os.environ)
     changed = _plugins_env(env, log)
     ours = plugin and CHUNKED_PROMPTS.needed_for(vllm) and NO_CHUNKED_PREFILL not in argv
-    changed = _writes_env(changed or env, vllm, ours, log) or changed
+    changed = _writes_env(changed or env, vllm, ours, log, generation) or changed
     return replace(cmd, argv=argv, env=changed if changed is not None else cmd.env)
 
 

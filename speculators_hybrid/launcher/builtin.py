@@ -65,7 +65,13 @@ def parser(registry: dict[str, Any]) -> argparse.ArgumentParser:
         default=True,
         help="append n (the last layer) to --target-layer-ids when missing (default on)",
     )
-    p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the command, do not run it: "
+        "`env NAME=VALUE... COMMAND` where its environment differs from this one, a line to "
+        "paste into a job script",
+    )
     p.add_argument(
         "--allow-decode",
         action="store_true",

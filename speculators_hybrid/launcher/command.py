@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from speculators_hybrid.launcher import LaunchError
@@ -19,6 +19,8 @@ class Command:
     argv: list[str]
     env: dict[str, str] | None = None
     search_path: bool = True  # execvp-style PATH lookup (execv/execve: no lookup)
+    # the options the launcher's own argparse parsers know (None: not a --launcher script)
+    launcher_options: frozenset[str] | None = field(default=None, compare=False)
 
     def model(self) -> str:
         if "serve" not in self.argv or self.argv.index("serve") + 1 >= len(self.argv):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -61,6 +62,25 @@ class _Popen(subprocess.Popen):  # type: ignore[type-arg]
             env = kwargs.get("env")
             raise _Exec(Command(argv[0], argv, dict(env) if env is not None else None))
         super().__init__(args, *rest, **kwargs)
+
+
+@contextlib.contextmanager
+def _options_seen(seen: set[str]) -> Iterator[None]:
+    """Collect the option strings of every argparse parser that parses while this is on (the
+    launcher's CLI tells its generation: launcher/adjust.py's `launcher_generation`)."""
+    import argparse
+
+    original = argparse.ArgumentParser.parse_known_args
+
+    def recording(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+        seen.update(self._option_string_actions)
+        return original(self, *args, **kwargs)
+
+    argparse.ArgumentParser.parse_known_args = recording  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.parse_known_args = original  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -117,16 +137,18 @@ def capture(script: str, args: list[str], log: Callable[[str], None] | None = No
     if not path.is_file():
         raise LaunchError(f"launcher {script} is not a file")
     out = io.StringIO()
+    options: set[str] = set()
     try:
         with (
             _intercepted(path.resolve(), args),
             contextlib.redirect_stdout(out),
             _warnings_to(log),
+            _options_seen(options),
         ):
             runpy.run_path(str(path), run_name="__main__")
     except _Exec as caught:
         sys.stdout.write(_without_banner(out.getvalue()))
-        return caught.command
+        return replace(caught.command, launcher_options=frozenset(options))
     except SystemExit as exc:
         sys.stdout.write(out.getvalue())
         if exc.code is None or isinstance(exc.code, int):

@@ -33,6 +33,21 @@ def is_hybrid(config: dict[str, Any]) -> bool:
     return False
 
 
+def layer_count(text: dict[str, Any]) -> int | None:
+    """The decoder's layer count as transformers reads it from a (text) config: its
+    `num_hidden_layers`, or where a config class derives it and does not save it (Nemotron-H
+    saved by transformers 5), the length of the layer pattern (`layers_block_type`, or the
+    older `hybrid_override_pattern`). None when the config has none of them."""
+    n = text.get("num_hidden_layers")
+    if isinstance(n, int) and not isinstance(n, bool):
+        return n
+    for key in ("layers_block_type", "hybrid_override_pattern"):
+        pattern = text.get(key)
+        if isinstance(pattern, (list, str)) and pattern:
+            return len(pattern)
+    return None
+
+
 @dataclass(frozen=True)
 class Target:
     model: str
@@ -46,9 +61,12 @@ class Target:
 
     @property
     def num_layers(self) -> int:
-        n = self.text.get("num_hidden_layers")
-        if not isinstance(n, int) or isinstance(n, bool):
-            raise LaunchError(f"{self.config_path} has no integer num_hidden_layers")
+        n = layer_count(self.text)
+        if n is None:
+            raise LaunchError(
+                f"{self.config_path} gives no layer count: no integer num_hidden_layers, nor a "
+                "layers_block_type list or hybrid_override_pattern string"
+            )
         return n
 
     @property
@@ -130,6 +148,11 @@ def config_path(model: str) -> Path:
         if not path.is_file():
             raise LaunchError(f"model directory {model} has no config.json")
         return path
+    if folder.is_file():
+        raise LaunchError(
+            f"{model} is a file: give the model's folder, the one holding config.json "
+            f"({folder.parent})"
+        )
     if folder.exists() or model.startswith((".", "/", "~")):
         raise LaunchError(f"model directory {model} does not exist or is not a directory")
     cached = _cached_config(model)

@@ -85,12 +85,13 @@ def _device(name: str | None) -> str:
 
 def _model_ids(model: str, ids: list[int] | None) -> None:
     from speculators_hybrid.extraction import id_problems
+    from speculators_hybrid.launcher.target import layer_count
     from speculators_hybrid.verify.capture import ModelError, read_config, text_config
 
     if not os.path.isdir(model):
         raise BadInput(f"--model {model} is not a folder: give the model's folder")
     try:
-        n = text_config(read_config(model)).get("num_hidden_layers")
+        n = layer_count(text_config(read_config(model)))
     except ModelError as exc:
         raise BadInput(str(exc)) from None
     if ids is not None and isinstance(n, int):

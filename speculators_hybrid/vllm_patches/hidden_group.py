@@ -41,6 +41,19 @@ def _marked_spec(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return mark(wrapped(*args, **kwargs))
 
 
+def _hma_off_because() -> str:
+    """What turned the hybrid KV cache manager off, as far as we can tell, and what to do."""
+    from speculators_hybrid import switches
+
+    keep = "keep-hma-for-extraction"  # vllm_patches/hma_config.py, which keeps it on (< 0.22)
+    if keep in switches.disabled_patches():
+        return (
+            f"{switches.DISABLED_PATCHES} turns {keep} off, and without it vLLM turns the "
+            f"manager off for the connector: take {keep} out of {switches.DISABLED_PATCHES}"
+        )
+    return "remove --disable-hybrid-kv-cache-manager"
+
+
 def _groups(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     from vllm.v1.kv_cache_interface import KVCacheGroupSpec, MambaSpec
 
@@ -58,7 +71,7 @@ def _groups(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
         raise ValueError(
             "speculators-hybrid: hidden-state extraction from a hybrid model needs vLLM's hybrid "
-            "KV cache manager; remove --disable-hybrid-kv-cache-manager."
+            f"KV cache manager; {_hma_off_because()}."
         )
     groups = wrapped(vllm_config, rest)
     pages = {g.kv_cache_spec.page_size_bytes for g in groups}

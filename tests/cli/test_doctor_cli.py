@@ -146,3 +146,66 @@ def test_a_failed_plan_shows_vllms_error_in_one_line_and_what_to_do(tmp_path, ca
         assert "pydantic" not in line and "input_value" not in line and "ArgsKwargs" not in line
     assert "true bytes:" not in out and "connector ;" not in out
     assert out.rstrip().endswith("Pass --max-model-len N (at most what the model allows).")
+
+
+def test_a_config_file_stands_for_its_folder_and_an_unknown_model_type_is_one_line(tmp_path):
+    done = doctor(str(Path(config(tmp_path, "llama", LLAMA)) / "config.json"), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["setup"]["max_model_len"] == 131072
+
+    unknown = config(tmp_path, "unknown", {**LLAMA, "model_type": "no_such_family"})
+    done = doctor(unknown)
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-3000:]
+    line = done.stderr.strip()
+    assert "\n" not in line and line.startswith(
+        "speculators-hybrid doctor: error: model_type 'no_such_family' is known to neither "
+        "transformers "
+    ), line
+
+
+def test_custom_ids_get_the_last_layer_as_launch_gives_it_and_state_bytes_are_unpadded(tmp_path):
+    done = doctor("--demo", "--json", "--ids", "61", "2", "32")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["setup"]["layer_ids"] == [2, 32, 61, 64]
+    assert (
+        "speculators-hybrid doctor: target layer ids [2, 32, 61, 64] (64, the last layer, "
+        "added: --no-include-last-layer leaves it out)"
+    ) in done.stderr
+    assert out["memory_gib"] == 72  # an 80 GiB GPU at vLLM's default utilization 0.9
+    # 48 Gated DeltaNet layers of the Qwen3.6-27B-like preset, from the state shapes: conv
+    # state (kernel 4 - 1, + 1 row per speculative token on some releases) x (2 x 16 x 128 +
+    # 48 x 128 channels) bf16, SSM state 48 heads x 128 x 128 (bf16, or float32) - not the page
+    # vLLM pads them to (the attention page: 1,703,936 B a layer on vLLM 0.20.1)
+    conv, ssm = 2 * 16 * 128 + 48 * 128, 48 * 128 * 128
+    shapes = {rows * conv * 2 + ssm * size for rows in (3, 4) for size in (2, 4)}
+    assert out["bytes"]["state_layers"] == 48
+    per_layer, rest = divmod(out["bytes"]["state_bytes_per_request"], 48)
+    assert rest == 0 and per_layer in shapes, per_layer
+
+    done = doctor("--demo", "--json", "--ids", "2", "32", "61", "--no-include-last-layer")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["setup"]["layer_ids"] == [2, 32, 61]
+    assert "the last layer" not in done.stderr
+
+
+def test_a_disabled_hma_patch_is_named_not_a_flag_never_passed(tmp_path):
+    from speculators_hybrid.vllm_patches.hma_config import PATCH
+
+    if not PATCH.needed_for(installed("vllm")):
+        pytest.skip(f"vLLM {installed('vllm')} keeps the hybrid KV cache manager by itself")
+    env = {"SPECULATORS_HYBRID_DISABLED_PATCHES": PATCH.id}
+    done = subprocess.run(
+        [sys.executable, "-m", "speculators_hybrid.cli", "doctor", "--demo"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=as_a_user() | env,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "remove --disable-hybrid-kv-cache-manager" not in done.stdout
+    assert (
+        f"SPECULATORS_HYBRID_DISABLED_PATCHES turns {PATCH.id} off, and without it vLLM turns "
+        f"the manager off for the connector: take {PATCH.id} out of "
+        "SPECULATORS_HYBRID_DISABLED_PATCHES"
+    ) in done.stdout

@@ -50,3 +50,34 @@ def test_patches_list_shows_disabled_patches_and_refuses_unknown_ones():
     done = patches_list(**{switches.DISABLED_PATCHES: f"{wait},no-such-patch"})
     assert done.returncode == 2 and not done.stdout
     assert done.stderr.count("\n") == 1 and "names no patch: no-such-patch" in done.stderr
+
+
+def test_patches_list_tells_not_installed_from_not_needed():
+    from speculators_hybrid.speculators_patches import PATCHES
+
+    if installed("speculators") is not None:
+        pytest.skip("speculators is installed here")
+    done = patches_list()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "speculators is not installed here: its patches apply where it runs" in done.stdout
+    for patch in PATCHES:
+        assert f"\n{patch.id}  [speculators not installed here]\n" in done.stdout
+    assert "[not needed here]" not in done.stdout.split(PATCHES[0].id)[1]
+
+
+def test_a_bare_patches_check_checks_the_installed_release_and_downloads_nothing(tmp_path):
+    env = {**as_a_user(), "HOME": str(tmp_path)}
+    env.pop("SPECULATORS_HYBRID_WHEELS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "speculators_hybrid.cli", "patches", "check"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("the installed releases; --version V checks another release")
+    vllm = [line for line in lines if line.startswith(f"vllm {installed('vllm')} (installed ")]
+    assert len(vllm) == 1 and "FAIL" not in done.stdout and "downloading" not in done.stdout
+    assert list(tmp_path.iterdir()) == []  # no ~/.cache/speculators-hybrid

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -372,7 +373,10 @@ def test_cli_dataset_errors_are_usage_errors(tmp_path):
         import datasets  # noqa: F401
     except ImportError:
         done = cli(str(tmp_path), "--dataset", str(tmp_path))
-        assert done.returncode == 2 and "pip install datasets" in done.stderr
+        assert done.returncode == 2
+        assert "needs the `datasets` package: pip install 'speculators-hybrid[check]'" in (
+            done.stderr
+        )
 
 
 def test_known_bad_writers_name_the_patches_that_fix_them():
@@ -390,3 +394,143 @@ def test_known_bad_writers_name_the_patches_that_fix_them():
         assert bad_releases, bad.vllm
         for fix in bad.fixes:
             assert [v for v in VLLM if by_id[fix].needed_for(v)] == bad_releases, fix
+
+
+def test_the_check_extra_holds_what_check_imports():
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    wanted = [Requirement(r) for r in metadata.requires("speculators-hybrid") or []]
+    extra = {r.name for r in wanted if r.marker and r.marker.evaluate({"extra": "check"})}
+    assert {"numpy", "datasets"} <= extra
+
+
+def test_cli_refuses_a_negative_token_id_and_a_mix_of_dtypes(tmp_path):
+    write(tmp_path / "hs_0.safetensors", token_ids=torch.tensor([5, -5, 7] + [1] * 9))
+    done = cli(str(tmp_path / "hs_0.safetensors"))
+    assert done.returncode == 1
+    assert "token_ids holds negative ids (at tokens [1])" in done.stdout
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for i in range(3):
+        write(mixed / f"hs_{i}.safetensors", hs=states(seed=i))
+    write(mixed / "hs_3.safetensors", hs=states(seed=3).float())
+    done = cli(str(mixed))
+    assert done.returncode == 1
+    assert f"FAILED {mixed}/hs_3.safetensors: hidden_states is F32; 3 of 4 files are BF16" in (
+        done.stdout
+    )
+    assert done.stdout.count("FAILED") == 1
+
+
+def test_cli_says_a_folder_of_lock_files_is_unfinished(tmp_path):
+    (tmp_path / "hs_0.safetensors.lock").write_text("")
+    (tmp_path / "hs_1.safetensors.lock").write_text("")
+    done = cli(str(tmp_path))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[0] == (
+        "speculators-hybrid check: error: no .safetensors files found, only 2 .lock files: the "
+        "writer has not finished those files (or stopped before it did); wait for it, or see "
+        "the server's log"
+    )
+
+
+def test_cli_checks_verify_with_before_reading_any_file(tmp_path):
+    write(tmp_path / "hs_0.safetensors")
+    start = time.monotonic()
+    done = cli(str(tmp_path), "--verify-with", str(tmp_path / "no-model"))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[0] == (
+        f"speculators-hybrid check: error: --verify-with {tmp_path}/no-model: no config.json "
+        "there; give the model's folder (weights + config)"
+    )
+    assert time.monotonic() - start < 30
+
+
+def test_cli_jobs_give_the_same_report_in_the_same_order(tmp_path):
+    for i in range(7):
+        hs = states(seed=i)
+        if i == 2:
+            hs[3, 1, 5] = float("nan")
+        if i == 5:
+            hs[:, 2] = 0
+        write(tmp_path / f"hs_{i}.safetensors", hs=hs)
+    one = cli(str(tmp_path), "--jobs", "1", "--json")
+    many = cli(str(tmp_path), "--jobs", "3", "--json")
+    assert one.returncode == many.returncode == 1
+    assert json.loads(one.stdout) == json.loads(many.stdout)
+    failed = [f["path"] for f in json.loads(many.stdout)["files"] if not f["ok"]]
+    assert failed == [str(tmp_path / "hs_2.safetensors"), str(tmp_path / "hs_5.safetensors")]
+    done = cli(str(tmp_path), "--jobs", "0")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[0] == (
+        "speculators-hybrid check: error: --jobs 0: give 1 or more files at a time"
+    )
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    ["bfloat16", "float16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"],
+)
+def test_every_float_dtype_is_scanned_by_its_bits(dtype, tmp_path):
+    """NaN and Inf of either sign, -0.0 counted as zero, tiny (subnormal) values as used: the
+    counts torch gives, in every dtype the files may hold, with chunks of 1 and 3 rows."""
+    kind = getattr(torch, dtype)
+    hs = states(tokens=20).double()
+    hs[2, 1, 3] = float("nan")
+    hs[4, 0, 0] = -float("nan")
+    hs[6] = -0.0  # a zero row, its sign bits set
+    hs[8, 3] = 0.0  # a zero (token, slot) vector
+    hs[8, 2] = 0.0
+    hs[8, 2, 5] = torch.finfo(kind).tiny / 2  # a subnormal: the vector is not zero
+    if dtype != "float8_e4m3fn":  # it has no Inf
+        hs[10, 1, 1] = float("inf")
+        hs[12, 2, 2] = -float("inf")
+    hs = hs.to(kind)
+    assert hs[8, 2, 5] != 0  # a subnormal, not flushed to zero
+    path = write(tmp_path / "x.safetensors", hs)
+    wide = hs.float()
+    nan, inf = int(wide.isnan().sum()), int(wide.isinf().sum())
+    bad = sorted({int(t) for t in (wide.isnan() | wide.isinf()).nonzero()[:, 0]})
+    row = IDS * HIDDEN * hs.element_size()
+    for chunk in (row, 3 * row):
+        messages = [e["message"] for e in check.check_file(path, chunk=chunk).errors]
+        assert messages == [
+            f"{nan} NaN and {inf} Inf values (first at tokens {bad[:5]})",
+            "1 of 20 token rows are all zero (first at tokens [6])",
+            "1 (token, layer slot) vectors are all zero",
+        ], (dtype, chunk)
+
+
+def test_the_rate_benchmark_runs_on_small_files(tmp_path, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks import check_rate
+
+    folder = tmp_path / "files"
+    args = ["--files", "3", "--tokens", "8", "--repeats", "1", "--jobs", "1", "2"]
+    assert check_rate.main([*args, "--folder", str(folder), "--out", str(tmp_path / "out")]) == 0
+    (result,) = (tmp_path / "out").glob("*.json")
+    doc = json.loads(result.read_text())
+    assert list(doc["results"]) == ["cat", "check --jobs 1", "check --jobs 2"]
+    assert doc["bytes"] > 3 * 8 * 4 * 5120 * 2  # the files' sizes, headers included
+    assert all(row["mb_per_s"] > 0 and row["files_per_s"] > 0 for row in doc["results"].values())
+    assert not folder.exists()  # the files are removed unless --keep
+    assert "check --jobs 2" in capsys.readouterr().out
+
+
+def test_cli_names_the_folder_of_a_file_given_for_one(tmp_path):
+    write(tmp_path / "hs_0.safetensors")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    for flag, given in (
+        ("--verify-with", tmp_path / "model" / "config.json"),
+        ("--dataset", tmp_path / "hs_0.safetensors"),
+    ):
+        done = cli(str(tmp_path / "hs_0.safetensors"), flag, str(given))
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.splitlines()[0] == (
+            f"speculators-hybrid check: error: {flag} {given} is a file: give its folder "
+            f"({given.parent})"
+        )

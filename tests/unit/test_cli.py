@@ -61,6 +61,7 @@ def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (root / name / "config.json").write_text(text)
         out[name] = root / name
     (root / "no-config").mkdir()
+    (root / "no-config" / "weights.bin").write_bytes(b"")
     out["no-config"] = root / "no-config"
     return out
 
@@ -70,7 +71,16 @@ DOCTOR_BAD = {  # case: (arguments, what the line says)
     "no config.json": (["{no-config}"], "has no config.json"),
     "malformed JSON": (["{malformed}"], "cannot read"),
     "not an object": (["{list}"], "is not a JSON object"),
-    "no layers": (["{empty-object}"], "has no integer num_hidden_layers"),
+    "no layers": (["{empty-object}"], "gives no layer count: no integer num_hidden_layers"),
+    "a file": (["{no-config}/weights.bin"], "weights.bin is a file: give the model's folder"),
+    "max-model-len 0": (["--demo", "--max-model-len", "0"], "--max-model-len 0: give a number"),
+    "max-model-len -5": (["--demo", "--max-model-len", "-5"], "--max-model-len -5: give a"),
+    "batched tokens": (["--demo", "--max-num-batched-tokens", "-1"], "-batched-tokens -1: give"),
+    "memory -1": (["--demo", "--memory", "-1"], "--memory -1: give the KV-cache memory in GiB"),
+    "memory 0": (["--demo", "--memory", "0"], "--memory 0: give the KV-cache memory in GiB"),
+    "memory nan": (["--demo", "--memory", "nan"], "--memory nan: give the KV-cache memory"),
+    "TP 0": (["--demo", "--tp", "0"], "--tp 0: the tensor parallel size is 1 or more"),
+    "TP -2": (["--demo", "--tp", "-2"], "--tp -2: the tensor parallel size is 1 or more"),
     "hub name": (["Some-Org/Not-Downloaded-Model"], "not a local directory"),
     "duplicate ids": (["--demo", "--ids", "2", "2", "32", "64"], "duplicated [2]"),
     "ids out of range": (["{hybrid-text}", "--ids", "1", "9"], "outside [0, 8]: [9]"),
@@ -132,12 +142,61 @@ def test_launch_custom_ids_come_sorted_with_our_note_instead_of_a_warning(config
     "name, args, says",
     [
         ("hybrid-text", ["--", "--tensor-parallel-size", "3"], "tensor parallel size 3"),
+        ("hybrid-text", ["--", "-tp", "-1"], "tensor parallel size -1: it must be 1 or more"),
         ("bamba", [], "BambaForCausalLM (bamba) has no EAGLE-3"),
         ("hybrid-text", ["--target-layer-ids", "2", "2"], "duplicated [2]"),
     ],
 )
 def test_launch_refuses_before_exec_in_one_line(name, args, says, configs):
     done, took = cli("launch", str(configs[name]), *args)
+    assert says in one_line_error(done, "launch") and took < 10
+
+
+def test_launch_names_the_folder_of_a_config_file(configs):
+    config = configs["hybrid-text"] / "config.json"
+    done, _ = cli("launch", str(config), "--dry-run")
+    line = one_line_error(done, "launch")
+    assert line.endswith(
+        f"is a file: give the model's folder, the one holding config.json ({config.parent})"
+    )
+
+
+def test_launch_gives_the_true_reason_for_dropping_a_forced_flag(configs):
+    launcher = str(Path(__file__).resolve().parents[1] / "launchers" / "launch_vllm_0_6.py")
+    removed = "removed --no-enable-chunked-prefill (forced by this launcher): "
+    base = ["launch", "--launcher", launcher, str(configs["hybrid-text"]), "--dry-run"]
+    done, _ = cli(*base)
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if removed in x]
+    assert "extracts with chunked prefill on" in line and "prefix caching" not in line
+    assert line.endswith("(pass --no-enable-chunked-prefill after `--` to keep it)")
+    if installed("vllm") is None:  # with a vLLM here, the plugin may turn caching off instead
+        done, _ = cli(*base, "--", "--enable-prefix-caching")
+        assert done.returncode == 0, done.stderr
+        (line,) = [x for x in done.stderr.splitlines() if removed in x]
+        assert line.endswith("mamba 'align' cache mode, which needs chunked prefill")
+
+
+def test_ids_that_do_not_fit_are_answered_with_speculators_default_where_it_fits(configs):
+    done, _ = cli("launch", str(configs["hybrid-text"]), "--target-layer-ids", "1", "9")
+    line = one_line_error(done, "launch")
+    assert (
+        "speculators' default here is [2, 4, 5, 8]. Pass distinct ids, e.g. [2, 4, 5, 8]:" in line
+    )
+    done, _ = cli("launch", str(configs["hybrid-4"]))  # the default does not fit 4 layers
+    assert "e.g. [1, 2, 3, 4]" in one_line_error(done, "launch")
+
+
+@pytest.mark.parametrize(
+    ("model", "says"),
+    [
+        ("/nonexistent/model", "model directory /nonexistent/model does not exist"),
+        ("Some-Org/Not-Downloaded-Model", "is not a local directory (nor in the Hugging Face"),
+    ],
+)
+def test_a_launcher_is_not_run_for_a_model_that_is_not_here(model, says):
+    launcher = str(Path(__file__).resolve().parents[1] / "launchers" / "launch_vllm_main.py")
+    done, took = cli("launch", "--launcher", launcher, model, "--dry-run")
     assert says in one_line_error(done, "launch") and took < 10
 
 
@@ -172,6 +231,29 @@ def test_every_command_and_option_has_help_text():
         if not a.help
     ]
     assert missing == []
+
+
+def _parsers(parser: argparse.ArgumentParser, name: str) -> dict[str, argparse.ArgumentParser]:
+    found = {name: parser}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, subparser in action.choices.items():
+                found |= _parsers(subparser, f"{name} {sub}")
+    return found
+
+
+def test_every_command_has_a_description_and_the_top_says_what_the_tool_is():
+    parsers = _parsers(build_parser(), "speculators-hybrid")
+    bare = [name for name, p in parsers.items() if not p.description and p.add_help]
+    assert bare == []  # `launch` (add_help off) answers --help with its own parser: below
+    done, _ = cli("--help")
+    assert "Hidden-state extraction for speculators' drafter training on hybrid" in done.stdout
+    done, _ = cli("patches", "check", "--help")
+    assert "By default the installed vLLM and speculators releases are checked" in " ".join(
+        done.stdout.split()
+    )
+    done, _ = cli("launch", "--help")
+    assert done.returncode == 0 and "--dry-run" in done.stdout
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str) -> set[str]:

@@ -44,7 +44,7 @@ CASES = {
     "launcher raises": (["--launcher", "{tmp}/raises.py", "{plain}"], "RuntimeError: boom"),
     "syntax error": (["--launcher", "{tmp}/syntax.py", "{plain}"], "failed: SyntaxError"),
     "sys.exit(msg)": (["--launcher", "{tmp}/exits.py", "{plain}"], "exited: no GPU"),
-    "launcher's model missing": (["--launcher", MAIN, "{tmp}/nope"], "failed:"),
+    "launcher's model missing": (["--launcher", MAIN, "{tmp}/nope"], "nope does not exist"),
     "not a vllm command": (["--launcher", "{tmp}/not-vllm.py", "{plain}"], "not `vllm serve"),
 }
 

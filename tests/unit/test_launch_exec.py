@@ -4,6 +4,7 @@ The command and the way it is exec'd are the launcher's own; only the module it 
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -75,6 +76,44 @@ def test_dry_run_execs_nothing(targets, tmp_path):
     proc, stdout, _ = run(args, env(out))
     assert proc.returncode == 0 and not out.exists()
     assert stdout.count("Running command:") == 0 and stdout.count(launch.DRY_RUN_BANNER) == 1
+
+
+SHELL_NOISE = {"FAKE_VLLM_OUT", "_", "SHLVL", "PWD", "OLDPWD"}
+
+
+@pytest.mark.parametrize("source", ["builtin", "0.5.0", "0.7.x"])
+@pytest.mark.parametrize("name", ["hybrid-text", "plain"])
+def test_the_dry_run_line_starts_what_launch_starts(source, name, targets, tmp_path):
+    """The printed line, run by a shell from the same environment, gives the server the argv
+    and the environment `launch` itself would (VLLM_PLUGINS fixed, prefill-only set)."""
+    args = [*launcher_args(source), str(targets[name]), "--", "--max-model-len", "64"]
+    extra = {"VLLM_PLUGINS": "other", "SPECULATORS_HYBRID_TEST_UNSET": "x"}
+    proc, stdout, stderr = run([*WRAPPER, "--dry-run", *args], env(tmp_path / "no.json", **extra))
+    assert proc.returncode == 0, stderr
+    banner, line = stdout.splitlines()[-2:]
+    assert banner == launch.DRY_RUN_BANNER
+    shell_out = tmp_path / "shell.json"
+    done = subprocess.run(["sh", "-c", line], env=env(shell_out, **extra), check=False)
+    assert done.returncode == 0
+    ours = tmp_path / "ours.json"
+    proc, _, stderr = run([*WRAPPER, *args], env(ours, **extra))
+    assert proc.returncode == 0, stderr
+    shell, real = record(shell_out), record(ours)
+    assert shell["argv"] == real["argv"]
+    assert {k: v for k, v in shell["env"].items() if k not in SHELL_NOISE} == {
+        k: v for k, v in real["env"].items() if k not in SHELL_NOISE
+    }
+    hybrid = name != "plain"
+    assert line.startswith("env ") == hybrid  # plain: the launcher's command as it is
+    assert real["env"]["VLLM_PLUGINS"] == ("other,speculators_hybrid" if hybrid else "other")
+    assert real["env"].get(launch.PREFILL_ENV) == ("1" if hybrid else None)
+
+
+def test_the_dry_run_line_unsets_what_the_launcher_drops(tmp_path):
+    cmd = launch.Command("python3", ["python3", "-c", "pass"], {"KEEP": "1", "NEW": "a b"})
+    line = launch.shell_line(cmd, {"KEEP": "1", "GONE": "2"})
+    assert line == "env -u GONE 'NEW=a b' python3 -c pass"
+    assert launch.shell_line(launch.Command("x", ["x"], {"A": "1"}), {"A": "1"}) == "x"
 
 
 LAUNCHER_SHAPES = {

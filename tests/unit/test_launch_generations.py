@@ -184,6 +184,8 @@ def test_dry_run_prints_the_final_command_only(source, name, flag, targets, caps
     )
     if name == "hybrid-mm":
         expected.append("--language-model-only")
+    if name != "plain":  # the environment launch gives vLLM, as `env NAME=VALUE` words
+        expected = ["env", f"{launch.PREFILL_ENV}=1", *expected]
     assert out == f"{launch.DRY_RUN_BANNER}\n{shlex.join(expected)}\n"
 
 
@@ -199,7 +201,7 @@ def test_dry_run_output_of_a_hybrid_multimodal_target(targets, capsys):
         '"kv_connector_extra_config": {"shared_storage_path": "/tmp/hidden_states"}}\' '
         "--language-model-only"
     )
-    assert "removed --no-enable-chunked-prefill" in err and "mamba 'align'" in err
+    assert "removed --no-enable-chunked-prefill" in err and "extracts with chunked prefill" in err
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -360,3 +362,47 @@ def test_files_are_written_where_the_reader_can_see_them(
     assert env.get(adjust.ASYNC_ENV) == expected
     err = capsys.readouterr().err
     assert (said in err) if said else ("hidden-state files" not in err)
+
+
+GENERATION = {"0.5.0": "0.5", "0.6.x": "0.6", "0.7.x": "0.7+", "main": "0.7+", "builtin": None}
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_launchers_generation_is_told_by_its_cli(source, targets):
+    model = str(targets["hybrid-text"])
+    cmd, _ = launch.plan(with_launcher(source, [model, "--dry-run"]))
+    captured = cmd if source == "builtin" else intercept.capture(str(GENERATIONS[source]), [model])
+    assert adjust.launcher_generation(captured, [model]) == GENERATION[source]
+    # 0.5 and 0.6 look alike where the user passed the flag 0.6 forces
+    given = [model, "--", "--no-enable-chunked-prefill"]
+    if source in ("0.5.0", "0.6.x"):
+        captured = intercept.capture(str(GENERATIONS[source]), list(given))
+        assert adjust.launcher_generation(captured, given) is None
+
+
+@pytest.mark.parametrize(
+    ("source", "extra", "speculators", "expected", "said"),
+    [
+        ("0.5.0", [], None, "0", "speculators 0.5.0 (this launcher's release) reads hidden-state"),
+        ("0.5.0", [], "0.9.0", "0", "speculators 0.5.0 (this launcher's release) reads"),
+        ("0.6.x", [], None, None, "written off the engine step"),
+        ("0.7.x", [], None, None, "written off the engine step"),
+        ("main", [], None, None, "written off the engine step"),
+        ("builtin", [], None, None, "written off the engine step"),
+        # cannot tell 0.5 from 0.6: the line says what to pass
+        ("0.5.0", ["--", "--no-enable-chunked-prefill"], None, None, f"set {adjust.ASYNC_ENV}=0"),
+    ],
+)
+def test_a_050_launcher_gets_in_step_writes_wherever_speculators_is_installed(
+    source, extra, speculators, expected, said, targets, monkeypatch, tmp_path, capsys
+):
+    """The recipe's two virtualenvs: speculators (and its 0.5.0 client) lives in the trainer's,
+    not here; speculators' own 0.5.0 launcher tells `launch` which client reads the files."""
+    vllm("0.20.1", monkeypatch)
+    monkeypatch.delenv(adjust.ASYNC_ENV, raising=False)
+    if speculators is not None:
+        installed_speculators(speculators, monkeypatch, tmp_path)
+    cmd, _ = launch.plan(with_launcher(source, [str(targets["hybrid-text"]), *extra]))
+    env = cmd.env if cmd.env is not None else dict(os.environ)
+    assert env.get(adjust.ASYNC_ENV) == expected
+    assert said in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -163,3 +164,50 @@ def test_cli_unpack_that_fails_leaves_no_half_made_folder(tmp_path, capsys):
     assert main([*args, "--source", str(source), str(tmp_path / "work")]) == 2
     assert capsys.readouterr().err.startswith("unpack: git apply: ")
     assert not (tmp_path / "work").exists()
+
+
+FAKE_PIP = """import shutil, sys
+dest = sys.argv[sys.argv.index("-d") + 1]
+name, version = sys.argv[-1].split("==")
+shutil.copy(f"{name}-{version}-py3-none-any.whl", dest)  # a 'download': the made-up wheel
+"""
+
+
+def test_cli_check_says_what_it_downloads_and_only_when_asked(
+    tmp_path, release, monkeypatch, capsys
+):
+    """Nothing installed here: a bare `check` downloads nothing; `--version` names the wheel
+    and its size before fetching it, once; a cached wheel is not announced again."""
+    root = tmp_path / "patches"
+    _fixed(root, release, tmp_path)
+    (root / "demo").rename(root / "vllm")  # the made-up package's diffs, as vLLM's
+    made = tmp_path / "vllm-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(made, "w") as archive:
+        archive.write(release / "demo" / "core.py", "demo/core.py")
+    (tmp_path / "pip.py").write_text(FAKE_PIP)
+    wheels = tmp_path / "wheels"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECULATORS_HYBRID_WHEELS", str(wheels))
+    monkeypatch.setattr(upstream, "pip_command", lambda: [sys.executable, "pip.py"])
+    monkeypatch.setattr(upstream, "wheel_sizes", lambda project: {"1.0": 2_500_000_000})
+    monkeypatch.setattr(upstream, "_installed", lambda project, version: None)
+    monkeypatch.setattr(upstream, "releases", lambda root, project: ["1.0"])
+
+    from speculators_hybrid.versions import installed
+
+    base = ["patches", "check", "--root", str(root), "--project", "vllm"]
+    if installed("vllm") is None:
+        assert main(base) == 2
+        assert "nothing installed here to check (vllm: not installed here)" in (
+            capsys.readouterr().err
+        )
+        assert not wheels.exists()
+    for args in ([*base, "--version", "1.0"], [*base, "--all"]):
+        assert main(args) == 0
+        out = capsys.readouterr().out.splitlines()
+        if args[-1] == "1.0":  # the first run fetches, the second finds it in the folder
+            assert out[0] == f"downloading 1 wheel (2.5 GB) into {wheels}: vllm 1.0"
+            out = out[1:]
+        assert out[0].startswith(f"vllm 1.0 (wheel {wheels}/vllm-1.0-py3-none-any.whl)")
+        assert out[1:] == ["  ok   0001-fix-answer.patch: applies"]
+    assert [upstream._size(n) for n in (312_000, 41_000_000)] == ["312 kB", "41 MB"]

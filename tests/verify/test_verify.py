@@ -255,7 +255,9 @@ def test_check_verify_with(model_dir: Path, writer: Writer, tmp_path: Path) -> N
     assert code == 1 and doc["summary"]["failed"] == 1
     assert [f["ok"] for f in doc["verify"]["files"]] == [True, False]
     code, out, err = cli("check", good, "--verify-with", tmp_path / "nope")
-    assert code == 2 and err.endswith("is not a folder: give the model's folder\n")
+    assert code == 2 and err.endswith(
+        "no config.json there; give the model's folder (weights + config)\n"
+    )
 
 
 def test_malformed_files_fail_by_code(reference, tmp_path: Path) -> None:

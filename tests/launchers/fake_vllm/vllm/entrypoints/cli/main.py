@@ -10,6 +10,7 @@ record = {
     "argv": sys.orig_argv,
     "executable": sys.executable,
     "VLLM_PLUGINS": os.environ.get("VLLM_PLUGINS"),
+    "env": dict(os.environ),
 }
 with open(os.environ["FAKE_VLLM_OUT"], "w") as out:
     json.dump(record, out)
