@@ -285,7 +285,7 @@ def prefill_only_plan(setup: planning.Setup, memory: int, target: int) -> dict[s
     }
 
 
-DEMO = "qwen3.6-27b-like"
+DEMO = "qwen3.6-27b"
 
 
 def quiet_vllm(verbose: bool) -> None:

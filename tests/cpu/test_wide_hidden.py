@@ -53,12 +53,12 @@ def _config(preset: str, ids: tuple[int, ...], prefix_caching: bool, max_model_l
             layer_ids=ids,
             prefix_caching=prefix_caching,
             max_model_len=max_model_len,
-            max_num_batched_tokens=16384 if preset == "qwen3.6-27b-like" else None,
+            max_num_batched_tokens=16384 if preset == "qwen3.6-27b" else None,
         )
     )
 
 
-def config_for(preset="qwen3.6-27b-like", ids=IDS, prefix_caching=False, max_model_len=8192):
+def config_for(preset="qwen3.6-27b", ids=IDS, prefix_caching=False, max_model_len=8192):
     return copy.deepcopy(_config(preset, ids, prefix_caching, max_model_len))
 
 
