@@ -4,8 +4,9 @@ Why: extraction runs vLLM's speculative decoding with one draft token, so every 
 DeltaNet layer reserves one more state block per request (`num_speculative_blocks` = 1) to
 verify that token while decoding. speculators' data generation sends `max_tokens=1`: a request
 ends with its prefill and never decodes, so that block is never used, yet vLLM bills it
-(Qwen3.6-27B-like, 20 GiB: 9,984 of 128,129 bytes per token; 167,603 KV tokens, 0.92x of what
-the true bytes allow).
+(Qwen3.6-27B, GDN state in float32, 8,192 tokens, 20 GiB: 19,200 bytes per token for the 48
+spare blocks; 139,605 KV tokens against 159,548 without them, `doctor` on vLLM 0.20.1,
+2026-12-06).
 How: with `SPECULATORS_HYBRID_PREFILL_ONLY=1` (`launch` sets it for hybrid targets), while
 extracting, the state layers report no speculative block, and the engine refuses, before the
 request reaches the scheduler, any request that would decode (`max_tokens` other than 1):

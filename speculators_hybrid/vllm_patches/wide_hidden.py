@@ -2,11 +2,13 @@
 
 Why: `hidden-states-own-page-size` splits every KV-cache group into one-layer groups so the
 one-layer hidden-state group does not pay for W - 1 unused pages per block (W = the width
-vLLM gives the model's groups, 16 for a Qwen3.6-27B-like 48 GDN + 16 attention model). The
+vLLM gives the model's groups, 16 for Qwen3.6-27B's 48 GDN + 16 attention layers). The
 model runner then does block tables, slot mappings and attention metadata for 65 groups
 instead of 4 + 1 every step. Measured side by side on an H200 with vLLM 0.20.1 at that size
-(64 x 2,048 tokens, eager, files complete): one layer 0.967x plain prefill, W layers 0.981x,
-the files bit-identical; KV tokens 165,310 against 167,603 (whole W-page blocks).
+(the bf16-state look-alike, 64 x 2,048 tokens, eager, files complete): one layer 0.967x plain
+prefill, W layers 0.981x, the files bit-identical; KV tokens 165,310 against 167,603 (whole
+W-page blocks; the real config, GDN state in float32: 139,605 against 143,152, vLLM's plan on
+the CPU, 2026-12-06).
 How: the extraction model gets W cache-only layers instead of one, layer j storing the slice
 `hidden_states[..., j*h/W:(j+1)*h/W]` (an `MLAAttentionSpec` of n_ids heads x h/W), named
 `cache_only_layers.<n>.slice<j>`. W is computed as vLLM's planner computes the group size
@@ -20,9 +22,9 @@ proposer accepts W layers of one group; our connector gathers the same slots fro
 and concatenates them: the same [tokens, n_ids, h] tensor and file. A non-hybrid target, or h
 not divisible by W (logged), keeps the one layer.
 When: on where prefix caching is off (vLLM 0.20-0.21's default for hybrid models); with prefix
-caching on the hidden block must divide the engine block, and W-page blocks would cost 8.2% of
-the KV tokens, so one layer stays. `SPECULATORS_HYBRID_WIDE_HIDDEN=1` forces W layers,
-`=0` one layer.
+caching on the hidden block must divide the engine block, and W-page blocks would cost 14.8% of
+the KV tokens (Qwen3.6-27B; 8.2% for the bf16-state look-alike), so one layer stays.
+`SPECULATORS_HYBRID_WIDE_HIDDEN=1` forces W layers, `=0` one layer.
 Upstream: none (vLLM >= 0.22 plans its own hidden-state group); remove with vLLM < 0.22.
 """
 

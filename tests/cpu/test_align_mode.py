@@ -2,8 +2,9 @@
 
 vLLM's own config code plans the engine block (the Qwen3.6-27B preset with the patches, as a GPU
 start-up would) and vLLM's own `VllmConfig.validate_block_size` is the judge: on 0.20-0.26 it
-refuses max_num_batched_tokens 256 with the 416-token block a H200 run hit, and accepts the
-smallest value `align_mode` names; from 0.27 it accepts both.
+refuses max_num_batched_tokens 256 with the engine block (800 tokens here; 416 for the bf16-state
+look-alike an H200 run hit), and accepts the smallest value `align_mode` names; from 0.27 it
+accepts both.
 """
 
 from __future__ import annotations

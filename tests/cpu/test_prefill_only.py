@@ -69,9 +69,11 @@ def capacity(tmp_path, on: bool, monkeypatch) -> int:
 
 @pytest.mark.full_tier  # the Qwen3.6-27B config twice
 def test_capacity_is_what_the_true_bytes_allow(shim, monkeypatch, tmp_path):
-    true_bytes = 76_819 + 40_960  # the model's own state and KV per token + 4 ids x 5120 x bf16
+    # the model's own state and KV per token as vLLM plans it without extraction (244,004 tokens
+    # in 20 GiB at 8,192, test_qwen36_planning.py) + 4 ids x 5120 x bf16
+    true_bytes = GIB20 // 244_004 + 40_960
     off, on = capacity(tmp_path, False, monkeypatch), capacity(tmp_path, True, monkeypatch)
-    assert off < 0.93 * GIB20 / true_bytes  # the spare block: about 0.92x
+    assert off < 0.93 * GIB20 / true_bytes  # the spare float32 state block: about 0.86x
     assert on >= 0.97 * GIB20 / true_bytes, (off, on)
 
 
