@@ -34,7 +34,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         full_attention_interval=4,
         attn_output_gate=True,
         mamba_ssm_dtype="float32",  # the GDN state in float32 (vLLM's default: the model dtype)
-        mtp_num_hidden_layers=1,  # a native MTP head (not loaded without MTP decoding)
+        mtp_num_hidden_layers=1,  # a native MTP head (vLLM builds it for MTP decoding only)
     ),
     # A tiny random hybrid for quick runs and GPU proofs (heads divisible by 2 for TP=2).
     "tiny": dict(
