@@ -5,7 +5,7 @@
 #   bash benchmarks/device.sh upstream   # SPECULATORS_HYBRID_DISABLE=1: vLLM as released (0.25.0)
 # More arguments go to benchmarks/extraction.py (e.g. --models hybrid, --cuda-graphs off).
 # The real size (no checkpoint, dummy weights; README: about 3 engines fit in one call):
-#   bash benchmarks/device.sh plugin --models hybrid --size qwen3.6-27b-like --workload fixed \
+#   bash benchmarks/device.sh plugin --models hybrid --size qwen3.6-27b --workload fixed \
 #     --modes plain extract --cuda-graphs off     # then --modes extract-instep; --workload chat
 # Back in $OUT/bench: one JSON per engine, table.md, logs.tgz (the engines' full logs); <= 8 files.
 # Time on an H200 (vLLM 0.20.1): ~6 min for the 4 engines (their start-up dominates) plus ~1 min

@@ -1,8 +1,11 @@
 """Hidden-state extraction against plain prefill on one GPU: tokens/s, KV capacity, file bytes.
 
 For a non-hybrid control (Qwen3 layout) and a hybrid (Qwen3.5 layout, `models.PRESETS`), both
-built here with random weights (the real size, `qwen3.6-27b-like`: config.json only and vLLM's
-dummy weights, no tokenizer), each engine in a fresh process (clean GPU memory):
+built here with random weights (the real size, `qwen3.6-27b`: the published Qwen3.6-27B config's
+text model, config.json only and vLLM's dummy weights, no tokenizer; `qwen3.6-27b-bf16-state`:
+the same with the GDN state in bf16, the look-alike the dated results of 2026-11-29 to 2026-12-06
+ran, also accepted by its old name `qwen3.6-27b-like`), each engine in a fresh process (clean
+GPU memory):
 
 - plain:   `LLM.generate` on token-id prompts, `max_tokens=1`, no extraction;
 - extract: the same with speculators' `speculative_config` + `kv_transfer_config`
@@ -65,7 +68,7 @@ for _path in (ROOT / "tests" / "gpu", ROOT):  # the GPU test's tokenizer helper;
         sys.path.insert(0, str(_path))
 
 from benchmarks import engine, trace_gaps  # noqa: E402
-from speculators_hybrid.models import PRESETS  # noqa: E402
+from speculators_hybrid.models import ALIASES, PRESETS, deprecation  # noqa: E402
 from speculators_hybrid.switches import (  # noqa: E402
     ASYNC_WRITES,
     DISABLE,
@@ -95,8 +98,9 @@ def control_sizes(size: str) -> dict[str, int]:
 
 
 KINDS = ("control", "hybrid")
-SIZES = ("wide-8l", "tiny", "qwen3.6-27b-like")
-DUMMY_SIZES = ("qwen3.6-27b-like",)  # config.json only; the others: checkpoint + local tokenizer
+SIZES = ("wide-8l", "tiny", "qwen3.6-27b", "qwen3.6-27b-bf16-state")
+# config.json only; the others: checkpoint + local tokenizer
+DUMMY_SIZES = ("qwen3.6-27b", "qwen3.6-27b-bf16-state")
 MODES = (
     "plain",
     "extract",
@@ -145,18 +149,17 @@ DEFAULTS: dict[str, Any] = dict(
     engine_timeout=300.0,
     file_timeout=20.0,
 )
-SIZE_DEFAULTS: dict[str, dict[str, Any]] = {
-    # One H200 (141 GB): ~54 GB of bf16 weights + 20 GiB of KV; chat prompts up to 8,000 tokens.
-    "qwen3.6-27b-like": dict(
-        DEFAULTS,
-        prompt_len=2048,
-        repeats=2,
-        max_model_len=8192,
-        kv_cache_gib=20.0,
-        engine_timeout=480.0,  # a 27B start with torch.compile and CUDA graphs
-        file_timeout=120.0,  # ~5 GB of files per pass
-    ),
-}
+# One H200 (141 GB): ~54 GB of bf16 weights + 20 GiB of KV; chat prompts up to 8,000 tokens.
+REAL_SIZE_DEFAULTS = dict(
+    DEFAULTS,
+    prompt_len=2048,
+    repeats=2,
+    max_model_len=8192,
+    kv_cache_gib=20.0,
+    engine_timeout=480.0,  # a 27B start with torch.compile and CUDA graphs
+    file_timeout=120.0,  # ~5 GB of files per pass
+)
+SIZE_DEFAULTS: dict[str, dict[str, Any]] = {size: REAL_SIZE_DEFAULTS for size in DUMMY_SIZES}
 
 
 def prompt_lengths(workload: str, count: int, length: int, seed: int = CHAT_SEED) -> list[int]:
@@ -199,6 +202,8 @@ def model_info(kind: str, size: str) -> dict[str, Any]:
         layers = c["layers"]
         what = f"Qwen3.5 layout, {layers - layers // 4} GDN + {layers // 4} attention layers"
     what = f"{what}, hidden {c['hidden_size']}"
+    if kind == "hybrid" and "mamba_ssm_dtype" in c:  # else the model's dtype (bf16)
+        what += f", GDN state {c['mamba_ssm_dtype']}"
     if size in DUMMY_SIZES:
         what += f", vocab {c['vocab_size']:,}, vLLM dummy weights"
     return dict(
@@ -588,7 +593,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--models", nargs="+", choices=KINDS, default=list(KINDS))
     ap.add_argument("--modes", nargs="+", choices=MODES, default=["plain", "extract"])
-    ap.add_argument("--size", choices=SIZES, default=SIZES[0], help="models.PRESETS entry")
+    ap.add_argument(
+        "--size",
+        choices=SIZES + tuple(ALIASES),
+        default=SIZES[0],
+        help="models.PRESETS entry",
+    )
     ap.add_argument("--workload", choices=WORKLOADS, default="fixed")
     ap.add_argument(
         "--shared-prefix-len",
@@ -637,6 +647,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # internal: one engine, from a spec
     ap.add_argument("--build", nargs="+", help=argparse.SUPPRESS)  # internal: SIZE WORK DEVICE..
     args = ap.parse_args(argv)
+    if args.size in ALIASES:  # the dated results' commands
+        print(f"extraction.py: {deprecation(args.size)}", file=sys.stderr)
+        args.size = ALIASES[args.size]
     if args.workload == "shared-prefix" and args.prompt_len is None:
         args.prompt_len = SHARED_PROMPT  # the issue's 64 x 2,000 tokens, 1,000 of them shared
     for key, value in SIZE_DEFAULTS.get(args.size, DEFAULTS).items():

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-PRESET = "qwen3.6-27b-like"
+PRESET = "qwen3.6-27b"
 IDS = (2, 32, 61, 64)
 KV_BYTES = 20 << 30
 

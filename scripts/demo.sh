@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job on a small default, offline, CPU only: vLLM 0.20.1's own KV-cache planner for
-# hidden-state extraction from a built-in Qwen3.6-27B-like hybrid config, without and with
-# our patches. Installs vLLM (CPU torch) into .venv-demo/ from the lock of the tox env
-# vllm-$VLLM_VERSION (default 0.20.1) on the first run; the CPU torch wheel comes from
+# hidden-state extraction from the published Qwen3.6-27B config (its text part, built in),
+# without and with our patches. Installs vLLM (CPU torch) into .venv-demo/ from the lock of the
+# tox env vllm-$VLLM_VERSION (default 0.20.1) on the first run; the CPU torch wheel comes from
 # PIP_FIND_LINKS (default /opt/wheels).
 set -euo pipefail
 cd "$(dirname "$0")/.."

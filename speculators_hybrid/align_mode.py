@@ -2,7 +2,7 @@
 
 With prefix caching on, vLLM caches a hybrid target's GDN/Mamba state in its 'align' mode, and
 on vLLM 0.20.0-0.26.x the engine core refuses to start when the engine block size (the smallest
-KV-cache group block, which the state layers make large: 416 tokens and more) exceeds
+KV-cache group block, which the state layers make large: 800 tokens for Qwen3.6-27B) exceeds
 `max_num_batched_tokens`, after the model has loaded:
 `AssertionError: In Mamba cache align mode, block_size (416) must be <= max_num_batched_tokens
 (256)` (`VllmConfig.validate_block_size`; 0.27.0 dropped the assertion). The block size comes

@@ -274,7 +274,7 @@ def prefill_only_plan(setup: planning.Setup, memory: int, target: int) -> dict[s
     }
 
 
-DEMO = "qwen3.6-27b-like"
+DEMO = "qwen3.6-27b"
 DEFAULT_MEMORY_GIB = 72.0  # 0.9 x 80 GiB
 
 

@@ -1,7 +1,8 @@
 """Model configs the package builds itself: no hub.
 
 `write_config(folder, preset)` writes a `config.json` that vLLM and transformers load
-offline. Presets are Qwen3.5-family hybrids (Gated DeltaNet : full attention = 3 : 1).
+offline. Presets are Qwen3.5-family hybrids (Gated DeltaNet : full attention = 3 : 1);
+`qwen3.6-27b` is the published Qwen3.6-27B config's text model.
 `save_random_model` (needs torch and transformers) saves random weights for GPU tests and
 benchmarks.
 """
@@ -14,8 +15,9 @@ from typing import Any
 
 # text_config fields; "layers" is the number of decoder layers (every 4th is full attention).
 PRESETS: dict[str, dict[str, Any]] = {
-    # Qwen3.6-27B-like: 64 layers = 16 full attention + 48 GDN, hidden 5120.
-    "qwen3.6-27b-like": dict(
+    # The published Qwen3.6-27B config's text model: 64 layers = 16 full attention + 48 GDN,
+    # hidden 5120; every field that changes vLLM's plan or kernels (the rest: text_config()).
+    "qwen3.6-27b": dict(
         layers=64,
         hidden_size=5120,
         intermediate_size=17408,
@@ -29,6 +31,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         vocab_size=248320,
         max_position_embeddings=262144,
         mrope_section=[11, 11, 10],
+        full_attention_interval=4,
+        attn_output_gate=True,
+        mamba_ssm_dtype="float32",  # the GDN state in float32 (vLLM's default: the model dtype)
+        mtp_num_hidden_layers=1,  # a native MTP head (vLLM builds it for MTP decoding only)
     ),
     # A tiny random hybrid for quick runs and GPU proofs (heads divisible by 2 for TP=2).
     "tiny": dict(
@@ -61,9 +67,20 @@ PRESETS["stdlib-tiny"] = dict(
 )
 
 
+# The look-alike that the earlier GPU results ran (benchmarks/results/README.md says which): the
+# real shape with the GDN state in bf16 (the model's dtype) and no MTP head field.
+PRESETS["qwen3.6-27b-bf16-state"] = {
+    k: v
+    for k, v in PRESETS["qwen3.6-27b"].items()
+    if k not in ("mamba_ssm_dtype", "mtp_num_hidden_layers")
+}
+
+# Old names still accepted (`resolve`): the dated results' commands pass them.
+ALIASES = {"qwen3.6-27b-like": "qwen3.6-27b-bf16-state"}
+
 # GPU benchmarks: 8 layers (6 GDN + 2 full attention) at a 9B-class width, small vocabulary.
 PRESETS["wide-8l"] = dict(
-    PRESETS["qwen3.6-27b-like"],
+    PRESETS["qwen3.6-27b-bf16-state"],
     layers=8,
     hidden_size=4096,
     intermediate_size=12288,
@@ -74,10 +91,26 @@ PRESETS["wide-8l"] = dict(
 )
 
 
-def text_config(preset: str) -> dict[str, Any]:
+def resolve(preset: str) -> str:
+    """The preset's name, an old name (ALIASES) replaced by the current one."""
+    preset = ALIASES.get(preset, preset)
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    p = dict(PRESETS[preset])
+    return preset
+
+
+def deprecation(preset: str) -> str:
+    """One line for an old preset name ('' for a current one)."""
+    if preset not in ALIASES:
+        return ""
+    return (
+        f"preset {preset!r} is deprecated: it is {ALIASES[preset]!r} (the bf16-state look-alike "
+        "of the dated results); the real config is 'qwen3.6-27b'"
+    )
+
+
+def text_config(preset: str) -> dict[str, Any]:
+    p = dict(PRESETS[resolve(preset)])
     layers = p.pop("layers")
     # vLLM checks sum(mrope_section) == head_dim * partial_rotary_factor / 2
     mrope = p.pop("mrope_section")

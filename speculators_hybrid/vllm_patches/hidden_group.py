@@ -2,9 +2,10 @@
 
 Why: the extraction layer (`CacheOnlyAttentionLayer`) reports a plain `MLAAttentionSpec`
 built with the pre-hybrid block size (16). vLLM's planner then tries to give every layer one
-page size by growing block sizes, which fails beside padded Gated DeltaNet / Mamba state
-("The page size of the layer is not divisible by the maximum page size"); and were it to
-succeed, a one-layer spec type would shrink every group to one layer.
+page size by growing block sizes, which fails beside padded Gated DeltaNet / Mamba state pages
+that are no multiple of its page ("The page size of the layer is not divisible by the maximum
+page size"; Qwen3.6-27B's bf16-state look-alike); where it succeeds (the real Qwen3.6-27B, its
+float32 state page 5 hidden pages), the one-layer spec type shrinks every group to one layer.
 How: the layer reports a `HiddenStatesCacheSpec` (same bytes, marked); the planner groups
 the model's own layers exactly as without extraction, then adds one group for the hidden
 states (its one layer, or the W of `hidden-states-wide-group`) whose block size divides the

@@ -2,15 +2,16 @@
 
 Why: vLLM backs every KV-cache group with one pool of blocks, and a block id is one page in
 each of W per-layer tensors, W = the widest group's layer count. The hidden-state group has
-one layer, so each of its blocks costs W pages, W - 1 of them unused (Qwen3.6-27B-like,
-W = 16: one 262,144-token request is billed 224 GiB with extraction, 16 GiB without).
+one layer, so each of its blocks costs W pages, W - 1 of them unused (Qwen3.6-27B's bf16-state
+look-alike, W = 16: one 262,144-token request is billed 224 GiB with extraction, 16 GiB
+without).
 How: when a hidden-state group shares the common page with the model's groups, every group is
 split into one-layer groups with the same spec. The pool is then one page wide, and each
 layer, the hidden-state one included, is billed its own pages: the same bytes for the model's
 layers as before, and n_ids x hidden x dtype bytes per token for the hidden states. Their
 block size becomes the most tokens that fit one page; with prefix caching on (vLLM < 0.22), the
 most that also divide the engine block size, so cache hits keep the model's granularity, at the
-cost of padding (Qwen3.6-27B-like: 32 of 41 tokens, 1.12x the target instead of 1.01x).
+cost of padding (the bf16-state look-alike: 32 of 41 tokens, 1.12x the target instead of 1.01x).
 vLLM 0.33's `KVCacheConfigBuilder` is chosen by the platform, so replacing it would override
 a vendor's builder; wrapping the default grouping composes with any builder that uses it.
 A hidden-state group already as wide as the model's groups (`hidden-states-wide-group`,

@@ -3,9 +3,8 @@
 Why: extraction runs vLLM's speculative decoding with one draft token, so every Mamba / Gated
 DeltaNet layer reserves one more state block per request (`num_speculative_blocks` = 1) to
 verify that token while decoding. speculators' data generation sends `max_tokens=1`: a request
-ends with its prefill and never decodes, so that block is never used, yet vLLM bills it
-(Qwen3.6-27B-like, 20 GiB: 9,984 of 128,129 bytes per token; 167,603 KV tokens, 0.92x of what
-the true bytes allow).
+ends with its prefill and never decodes, so that block is never used, yet vLLM bills it (for
+Qwen3.6-27B about an eighth of the KV tokens: tests/cpu/test_qwen36_planning.py pins the plan).
 How: with `SPECULATORS_HYBRID_PREFILL_ONLY=1` (`launch` sets it for hybrid targets), while
 extracting, the state layers report no speculative block, and the engine refuses, before the
 request reaches the scheduler, any request that would decode (`max_tokens` other than 1):

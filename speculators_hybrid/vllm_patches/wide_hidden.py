@@ -2,7 +2,7 @@
 
 Why: `hidden-states-own-page-size` splits every KV-cache group into one-layer groups so the
 one-layer hidden-state group does not pay for W - 1 unused pages per block (W = the width
-vLLM gives the model's groups, 16 for a Qwen3.6-27B-like 48 GDN + 16 attention model). The
+vLLM gives the model's groups, 16 for Qwen3.6-27B's 48 GDN + 16 attention layers). The
 model runner then does block tables, slot mappings and attention metadata for 65 groups
 instead of 4 + 1 every step. Side by side at that size, W layers run closer to plain prefill
 than one layer, with bit-identical files and slightly fewer KV tokens (whole W-page blocks;
@@ -20,9 +20,9 @@ proposer accepts W layers of one group; our connector gathers the same slots fro
 and concatenates them: the same [tokens, n_ids, h] tensor and file. A non-hybrid target, or h
 not divisible by W (logged), keeps the one layer.
 When: on where prefix caching is off (vLLM 0.20-0.21's default for hybrid models); with prefix
-caching on the hidden block must divide the engine block, and W-page blocks would cost 8.2% of
-the KV tokens, so one layer stays. `SPECULATORS_HYBRID_WIDE_HIDDEN=1` forces W layers,
-`=0` one layer.
+caching on the hidden block must divide the engine block, and W-page blocks would cost 14.8% of
+the KV tokens (Qwen3.6-27B; 8.2% for the bf16-state look-alike), so one layer stays.
+`SPECULATORS_HYBRID_WIDE_HIDDEN=1` forces W layers, `=0` one layer.
 Upstream: none (vLLM >= 0.22 plans its own hidden-state group); remove with vLLM < 0.22.
 """
 

@@ -88,7 +88,7 @@ def test_demo_report_is_quiet_explained_and_leaves_nothing_behind(tmp_path):
     done = doctor("--demo", tmp=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("model the built-in qwen3.6-27b-like config  ids [2, 32, 61, 64]")
+    assert lines[0].startswith("model the built-in qwen3.6-27b config  ids [2, 32, 61, 64]")
     assert "max_model_len 262,144" in lines[0]  # the preset's own max_position_embeddings
     assert any(line.startswith("legend: each row is `groups` KV-cache groups") for line in lines)
     assert lines[-1].startswith(

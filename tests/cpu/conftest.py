@@ -165,7 +165,7 @@ def _base_config(
 
 
 def engine_config(
-    preset: str = "qwen3.6-27b-like",
+    preset: str = "qwen3.6-27b",
     ids: tuple[int, ...] | None = IDS,
     prefix_caching: bool = False,
     tp: int = 1,

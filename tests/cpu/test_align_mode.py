@@ -1,9 +1,10 @@
 """Mamba align mode's start-up constraint (issue 17, item 3), found before vLLM starts.
 
-vLLM's own config code plans the engine block (the 27B-like preset with the patches, as a GPU
+vLLM's own config code plans the engine block (the Qwen3.6-27B preset with the patches, as a GPU
 start-up would) and vLLM's own `VllmConfig.validate_block_size` is the judge: on 0.20-0.26 it
-refuses max_num_batched_tokens 256 with the 416-token block a H200 run hit, and accepts the
-smallest value `align_mode` names; from 0.27 it accepts both.
+refuses max_num_batched_tokens 256 with the engine block (800 tokens here; 416 for the bf16-state
+look-alike an H200 run hit), and accepts the smallest value `align_mode` names; from 0.27 it
+accepts both.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from speculators_hybrid import align_mode, planning
 
 def _setup(batched: int) -> planning.Setup:
     return planning.Setup(
-        model=model_dir("qwen3.6-27b-like"),
+        model=model_dir("qwen3.6-27b"),
         prefix_caching=True,
         max_model_len=8192,
         max_num_batched_tokens=batched,
@@ -79,7 +80,7 @@ def test_launch_raises_a_launcher_value_below_the_engine_block():
         [*argv, "--max-num-batched-tokens", "256"],
         [],
         version,
-        load(model_dir("qwen3.6-27b-like")),
+        load(model_dir("qwen3.6-27b")),
         True,
         logs.append,
     )

@@ -22,7 +22,7 @@ from speculators_hybrid.vllm_patches.file_names import hidden_states_path
 def dp_config(dp: int):
     return planning.engine_config(
         planning.Setup(
-            model=model_dir("qwen3.6-27b-like"),
+            model=model_dir("qwen3.6-27b"),
             layer_ids=IDS,
             max_model_len=8192,
             data_parallel_size=dp,

@@ -12,7 +12,7 @@ from speculators_hybrid.cli import main
 
 @pytest.mark.full_tier  # doctor runs vLLM three times; the plans themselves are decisive-tier
 def test_doctor_json_shows_the_memory_target_met(shim, capsys):
-    assert main(["doctor", model_dir("qwen3.6-27b-like"), "--json"]) == 0
+    assert main(["doctor", model_dir("qwen3.6-27b"), "--json"]) == 0
     text = capsys.readouterr().out
     # vLLM's logger in this process was set up before the CLI ran; the JSON is the last block.
     out = json.loads(text[text.rindex("\n{\n") + 1 :] if not text.startswith("{") else text)

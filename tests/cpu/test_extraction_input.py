@@ -132,7 +132,7 @@ def test_extraction_without_ids_is_refused(shim):
 
 @pytest.mark.parametrize(
     ("preset", "ids"),
-    [("tiny", (0, 4, 8)), ("tiny", (8, 1)), ("qwen3.6-27b-like", (2, 32, 61, 64))],
+    [("tiny", (0, 4, 8)), ("tiny", (8, 1)), ("qwen3.6-27b", (2, 32, 61, 64))],
 )
 def test_distinct_ids_within_0_to_n_pass(shim, preset, ids):
     config = build(model_dir(preset), ids)

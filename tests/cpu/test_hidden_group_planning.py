@@ -23,9 +23,23 @@ def test_without_shim_startup_fails_as_reported(no_shim):
         ValueError, match="failed to convert the KV cache specs to one unified type"
     ):
         planning.plan(config, specs, MEMORY)
-    config.scheduler_config.disable_hybrid_kv_cache_manager = False  # --no-disable-hybrid-...
-    with pytest.raises(NotImplementedError, match="not divisible by the maximum page size"):
-        planning.plan(config, specs, MEMORY)
+
+
+@pytest.mark.parametrize("preset", ["qwen3.6-27b", "qwen3.6-27b-bf16-state"])
+def test_without_shim_forcing_hma_fails_only_where_the_pages_do_not_divide(no_shim, preset):
+    """--no-disable-hybrid-kv-cache-manager: vLLM scales the hidden layer's 16-token block
+    (16 x 40,960 B) up to the state page where it divides it: the real config's 3,276,800 B
+    (GDN state in float32) is 5 such pages, the bf16-state look-alike's 1,703,936 B is not."""
+    config = engine_config(preset=preset)
+    specs = planning.layer_specs(config)
+    config.scheduler_config.disable_hybrid_kv_cache_manager = False
+    if preset == "qwen3.6-27b-bf16-state":
+        with pytest.raises(NotImplementedError, match="not divisible by the maximum page size"):
+            planning.plan(config, specs, MEMORY)
+        return
+    kv = planning.plan(config, specs, MEMORY)
+    (hidden,) = [g for g in kv.kv_cache_groups if g.layer_names == [HIDDEN]]
+    assert hidden.kv_cache_spec.block_size == 5 * 16
 
 
 def test_config_keeps_hma_and_names_our_connector(shim):

@@ -54,7 +54,7 @@ def platform(stock: bool) -> Iterator[None]:
 def facts(prefix_caching: bool, layer_ids=IDS) -> dict:
     """What a plan is made of, or the error vLLM raised while making it."""
     setup = planning.Setup(
-        model=model_dir("qwen3.6-27b-like"),
+        model=model_dir("qwen3.6-27b"),
         layer_ids=layer_ids,
         prefix_caching=prefix_caching,
         max_model_len=8192,

@@ -24,7 +24,7 @@ LONG = 262144
 HIDDEN_BYTES = LONG * len(IDS) * 5120 * 2  # 4 ids x hidden 5120 x bf16, per token
 
 
-def _request_bytes(preset: str = "qwen3.6-27b-like", **kw) -> tuple[int, object, object]:
+def _request_bytes(preset: str = "qwen3.6-27b", **kw) -> tuple[int, object, object]:
     config = engine_config(preset=preset, **kw)
     kv = planning.plan(config, planning.layer_specs(config), 1 << 40)
     return planning.max_request_bytes(config, kv), config, kv

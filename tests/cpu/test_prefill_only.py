@@ -51,11 +51,11 @@ def test_state_layers_drop_the_spare_block_only_when_asked(shim, monkeypatch, on
 
 
 def capacity(tmp_path, on: bool, monkeypatch) -> int:
-    """KV tokens of the 27B-like preset at 20 GiB, as the engine would plan them."""
+    """KV tokens of the Qwen3.6-27B preset at 20 GiB, as the engine would plan them."""
     from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
 
     monkeypatch.setenv(ENV, "1" if on else "0")
-    folder = write_config(tmp_path / ("on" if on else "off"), "qwen3.6-27b-like")
+    folder = write_config(tmp_path / ("on" if on else "off"), "qwen3.6-27b")
     setup = planning.Setup(
         model=str(folder),
         max_model_len=8192,
@@ -67,11 +67,13 @@ def capacity(tmp_path, on: bool, monkeypatch) -> int:
     return int(get_max_concurrency_for_kv_cache_config(config, kv) * 8192)
 
 
-@pytest.mark.full_tier  # the 27B-like config twice
+@pytest.mark.full_tier  # the Qwen3.6-27B config twice
 def test_capacity_is_what_the_true_bytes_allow(shim, monkeypatch, tmp_path):
-    true_bytes = 76_819 + 40_960  # the model's own state and KV per token + 4 ids x 5120 x bf16
+    # the model's own state and KV per token as vLLM plans it without extraction (244,004 tokens
+    # in 20 GiB at 8,192, test_qwen36_planning.py) + 4 ids x 5120 x bf16
+    true_bytes = GIB20 // 244_004 + 40_960
     off, on = capacity(tmp_path, False, monkeypatch), capacity(tmp_path, True, monkeypatch)
-    assert off < 0.93 * GIB20 / true_bytes  # the spare block: about 0.92x
+    assert off < 0.93 * GIB20 / true_bytes  # the spare float32 state block: about 0.86x
     assert on >= 0.97 * GIB20 / true_bytes, (off, on)
 
 

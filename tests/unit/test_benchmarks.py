@@ -33,13 +33,11 @@ def test_defaults_are_the_issue_settings(monkeypatch):
 
 
 def test_the_real_size_has_its_own_defaults():
-    args = bench.parse_args(["--size", "qwen3.6-27b-like"])
+    args = bench.parse_args(["--size", "qwen3.6-27b"])
     assert (args.prompts, args.prompt_len, args.repeats, args.warmup) == (64, 2048, 2, 1)
     assert (args.kv_cache_gib, args.max_model_len, args.max_num_batched_tokens) == (20, 8192, 16384)
     assert args.engine_timeout == 480 and args.workload == "fixed"
-    given = bench.parse_args(
-        ["--size", "qwen3.6-27b-like", "--repeats", "5", "--kv-cache-gib", "9"]
-    )
+    given = bench.parse_args(["--size", "qwen3.6-27b", "--repeats", "5", "--kv-cache-gib", "9"])
     assert (given.repeats, given.kv_cache_gib, given.prompt_len) == (5, 9, 2048)
     small = bench.parse_args(["--size", "tiny"])  # the other sizes keep the old defaults
     assert (small.prompt_len, small.repeats, small.kv_cache_gib, small.engine_timeout) == (
@@ -54,9 +52,7 @@ def test_chat_prompts_must_fit_the_model_length():
     with pytest.raises(SystemExit):
         bench.parse_args(["--workload", "chat"])  # wide-8l: 4096 by default
     assert bench.parse_args(["--workload", "chat", "--max-model-len", "8192"]).workload == "chat"
-    assert bench.parse_args(["--size", "qwen3.6-27b-like", "--workload", "chat"]).max_model_len == (
-        8192
-    )
+    assert bench.parse_args(["--size", "qwen3.6-27b", "--workload", "chat"]).max_model_len == (8192)
 
 
 def test_chat_mix_is_seeded_and_within_bounds():
@@ -97,17 +93,28 @@ def test_hybrid_is_realistic_width_with_distinct_ids(tmp_path):
 
 
 def test_real_size_is_the_27b_preset(tmp_path):
-    info = bench.model_info("hybrid", "qwen3.6-27b-like")
+    info = bench.model_info("hybrid", "qwen3.6-27b")
     assert (info["layers"], info["hidden"], info["vocab"]) == (64, 5120, 248320)
     assert info["layer_ids"] == [2, 32, 61, 64] and info["multimodal"]
     assert "48 GDN + 16 attention layers" in info["describe"]
-    assert "dummy weights" in info["describe"]
+    assert "GDN state float32" in info["describe"] and "dummy weights" in info["describe"]
     assert "dummy" not in bench.model_info("hybrid", "wide-8l")["describe"]
+    look_alike = bench.model_info("hybrid", "qwen3.6-27b-bf16-state")
+    assert "GDN state" not in look_alike["describe"] and "dummy weights" in look_alike["describe"]
+
+
+def test_the_old_real_size_name_runs_the_look_alike_with_a_note(capsys):
+    args = bench.parse_args(["--size", "qwen3.6-27b-like"])
+    assert args.size == "qwen3.6-27b-bf16-state" and args.kv_cache_gib == 20
+    err = capsys.readouterr().err
+    assert "'qwen3.6-27b-like' is deprecated" in err and err.count("\n") == 1
+    assert bench.parse_args(["--size", "qwen3.6-27b"]).size == "qwen3.6-27b"
+    assert capsys.readouterr().err == ""
 
 
 def test_dummy_models_are_a_config_only(tmp_path):
     transformers = pytest.importorskip("transformers")
-    size = "qwen3.6-27b-like"
+    size = "qwen3.6-27b"
     bench.ensure_models(list(bench.KINDS), size, tmp_path, "cpu")
     hybrid = bench.model_folder(tmp_path, "hybrid", size)
     assert sorted(p.name for p in hybrid.iterdir()) == ["built.json", "config.json"]

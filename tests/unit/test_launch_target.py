@@ -19,7 +19,7 @@ from speculators_hybrid.models import config_dict, write_config  # noqa: E402
     [
         (config_dict("tiny", multimodal=True), True),
         (config_dict("tiny", multimodal=False), True),
-        (config_dict("qwen3.6-27b-like"), True),
+        (config_dict("qwen3.6-27b"), True),
         (QWEN3, False),
         ({"model_type": "qwen3_next", "num_hidden_layers": 4}, True),
         ({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M*"}, True),
