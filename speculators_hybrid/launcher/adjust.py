@@ -9,9 +9,10 @@ from dataclasses import replace
 from importlib import metadata
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from speculators_hybrid import families, switches
+from speculators_hybrid import families, support, switches
 from speculators_hybrid.extraction import id_problems as id_problems
 from speculators_hybrid.extraction import layer_ids_error
 from speculators_hybrid.launcher import LaunchError
@@ -32,6 +33,9 @@ BACKEND_FLAG = "--hidden-states-backend"  # speculators' launcher has it from 0.
 LANGUAGE_ONLY = "--language-model-only"
 FIRST_LANGUAGE_ONLY = Version("0.20.1")  # MultiModalConfig.language_model_only
 OWN_CONNECTOR_BEFORE = Version("0.22")  # below it our connector writes the files (writer.py)
+# stock vLLM 0.25.x stops at start-up for hybrid extraction with prefix caching on (the engine
+# block size is the hidden group's, not a multiple of the hash block size)
+STOCK_PREFIX_CACHING_CRASH = SpecifierSet(">=0.25,<0.26")
 FIRST_WAITING_READER = Version("0.6")  # speculators' readers wait on `<path>.lock` from 0.6.0
 TP_FLAGS = ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")
 BATCH_FLAGS = ("--max-num-batched-tokens", "--max_num_batched_tokens")
@@ -170,12 +174,14 @@ def vllm_notes(
     v = _version(version)
     if v is None:
         return notes + ["warning: vLLM not found for this Python (or its version unreadable)"]
-    if v < FIRST_LANGUAGE_ONLY:
+    oldest = min(support.VLLM, key=Version)
+    if v < Version(oldest):
         notes.append(
-            f"warning: vLLM {version} is older than 0.20.1, which speculators-hybrid supports"
+            f"warning: vLLM {version} is older than {oldest}, the oldest release "
+            "speculators-hybrid is tested with"
         )
-    if Version("0.24") <= v < Version("0.25"):
-        if plugin and READ_SLOTS.needed_for(version):
+    if READ_SLOTS.needed_for(version):  # the releases whose hidden-state reads are wrong
+        if plugin:
             notes.append(f"vLLM {version}: the plugin's {READ_SLOTS.id} keeps hidden states right")
         else:
             notes.append(
@@ -208,7 +214,7 @@ def vllm_notes(
             f"warning: vLLM {version} cannot extract from a hybrid target with prefix caching: "
             "mamba 'align' mode needs chunked prefill, the connector refuses it"
         )
-    elif Version("0.25") <= v < Version("0.26"):
+    elif Version(v.base_version) in STOCK_PREFIX_CACHING_CRASH:
         notes.append(
             f"warning: vLLM {version} is expected to fail at start-up for hybrid extraction "
             "with --enable-prefix-caching (block_size vs hash_block_size)"
