@@ -167,6 +167,32 @@ def config_dict(preset: str, multimodal: bool = True) -> dict[str, Any]:
     }
 
 
+# A minimal ChatML template: what speculators' prepare-data renders and the acceptance prompts use.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def write_chat_files(folder: str | Path, chat_template: str = CHAT_TEMPLATE) -> None:
+    """Complete a saved multimodal checkpoint as a real Qwen3.5 one is: the chat template (in
+    tokenizer_config.json and chat_template.jinja) and the image and video processor configs
+    that speculators' `AutoProcessor` reads (Qwen3.5's video processor needs torchvision)."""
+    folder = Path(folder)
+    tokenizer = folder / "tokenizer_config.json"
+    config = json.loads(tokenizer.read_text()) if tokenizer.exists() else {}
+    tokenizer.write_text(json.dumps({**config, "chat_template": chat_template}, indent=2))
+    (folder / "chat_template.jinja").write_text(chat_template)
+    vision = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
+    processors = {
+        "preprocessor_config.json": {"image_processor_type": "Qwen2VLImageProcessor"},
+        "video_preprocessor_config.json": {"video_processor_type": "Qwen3VLVideoProcessor"},
+    }
+    for name, kind in processors.items():
+        entry = {**kind, "processor_class": "Qwen3VLProcessor", **vision}
+        (folder / name).write_text(json.dumps(entry, indent=2))
+
+
 def write_config(folder: str | Path, preset: str = "tiny", multimodal: bool = True) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

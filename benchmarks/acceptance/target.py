@@ -40,15 +40,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from speculators_hybrid.models import PRESETS, config_dict  # noqa: E402
+from speculators_hybrid.models import PRESETS, config_dict, write_chat_files  # noqa: E402
 
 PRESET = "stdlib-tiny"
 EOS, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 VISION = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 USER_LINES, REPLY_LINES = 12, 16
 SEQ = 512
 HELD_OUT_EVERY = 10
@@ -116,18 +112,9 @@ def write_tokenizer(folder: Path, files: list[Path], vocab_size: int) -> None:
         "pad_token": EOS,
         "unk_token": EOS,
         "model_max_length": 1 << 20,
-        "chat_template": CHAT_TEMPLATE,
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    vision = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
-    processors = {
-        "preprocessor_config.json": {"image_processor_type": "Qwen2VLImageProcessor"},
-        "video_preprocessor_config.json": {"video_processor_type": "Qwen3VLVideoProcessor"},
-    }
-    for name, kind in processors.items():
-        entry = {**kind, "processor_class": "Qwen3VLProcessor", **vision}
-        (folder / name).write_text(json.dumps(entry, indent=2))
+    write_chat_files(folder)
 
 
 def hf_config(tokenizer: Any) -> Any:

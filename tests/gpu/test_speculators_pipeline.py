@@ -66,6 +66,8 @@ from packaging.version import Version  # noqa: E402
 from test_hidden_states_match import write_report  # noqa: E402
 from test_serve import Server, free_port  # noqa: E402
 
+from speculators_hybrid.models import write_chat_files  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 if Version(SPECULATORS_VERSION).release < (0, 9):
@@ -94,10 +96,6 @@ EAGER = os.environ.get("SPECULATORS_HYBRID_PIPELINE_EAGER", "") == "1"
 # recorded with the steps it reached.
 BUDGET_S = float(os.environ.get("SPECULATORS_HYBRID_PIPELINE_BUDGET_S", "inf"))
 STOCK_S = 90.0
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 CUT = "[pipeline] cut at"
 SEED_ERROR = "Hybrid KV cache manager is disabled but failed to convert the KV cache specs"
 
@@ -164,18 +162,7 @@ def model_with_chat_template(root: Path) -> Path:
     trainer's mask-token lookup); for Qwen3.5 that builds a video processor, which needs
     torchvision (checked on the CPU: without these files or torchvision, both stop there)."""
     folder = hf.build_tiny_model(root / "model", multimodal=True)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = CHAT_TEMPLATE
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    vision = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
-    processors = {
-        "preprocessor_config.json": {"image_processor_type": "Qwen2VLImageProcessor"},
-        "video_preprocessor_config.json": {"video_processor_type": "Qwen3VLVideoProcessor"},
-    }
-    for name, kind in processors.items():
-        entry = {**kind, "processor_class": "Qwen3VLProcessor", **vision}
-        (folder / name).write_text(json.dumps(entry, indent=2))
+    write_chat_files(folder)
     return folder
 
 
