@@ -120,8 +120,8 @@ def _writes_env(
     if not waits:
         log(
             f"{whose} reads hidden-state files without waiting for their lock: "
-            f"files written inside the engine step ({ASYNC_ENV}=0; ~0.7x of the off-step "
-            "speed at 27B size); speculators >= 0.6 waits"
+            f"files written inside the engine step ({ASYNC_ENV}=0, slower than off the step: "
+            "benchmarks/results/README.md); speculators >= 0.6 waits"
         )
         return {**env, ASYNC_ENV: "0"}
     log(

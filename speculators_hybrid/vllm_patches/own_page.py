@@ -11,7 +11,7 @@ layer, the hidden-state one included, is billed its own pages: the same bytes fo
 layers as before, and n_ids x hidden x dtype bytes per token for the hidden states. Their
 block size becomes the most tokens that fit one page; with prefix caching on (vLLM < 0.22), the
 most that also divide the engine block size, so cache hits keep the model's granularity, at the
-cost of padding (the bf16-state look-alike: 32 of 41 tokens, 1.12x the target instead of 1.01x).
+cost of padding.
 vLLM 0.33's `KVCacheConfigBuilder` is chosen by the platform, so replacing it would override
 a vendor's builder; wrapping the default grouping composes with any builder that uses it.
 A hidden-state group already as wide as the model's groups (`hidden-states-wide-group`,

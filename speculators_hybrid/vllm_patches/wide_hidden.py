@@ -20,8 +20,8 @@ proposer accepts W layers of one group; our connector gathers the same slots fro
 and concatenates them: the same [tokens, n_ids, h] tensor and file. A non-hybrid target, or h
 not divisible by W (logged), keeps the one layer.
 When: on where prefix caching is off (vLLM 0.20-0.21's default for hybrid models); with prefix
-caching on the hidden block must divide the engine block, and W-page blocks would cost 14.8% of
-the KV tokens (Qwen3.6-27B; 8.2% for the bf16-state look-alike), so one layer stays.
+caching on the hidden block must divide the engine block, and whole W-page blocks would cost a
+large share of the KV tokens (tests/cpu/test_wide_hidden.py measures it), so one layer stays.
 `SPECULATORS_HYBRID_WIDE_HIDDEN=1` forces W layers, `=0` one layer.
 Upstream: none (vLLM >= 0.22 plans its own hidden-state group); remove with vLLM < 0.22.
 """
