@@ -106,7 +106,9 @@ def proposer_refuses(spec: Any) -> bool:
     if not spec.parallel_drafting:
         return False
     try:
-        SpecDecodeBaseProposer._raise_if_mrope(SimpleNamespace(draft_model_config=spec.draft_model_config))
+        SpecDecodeBaseProposer._raise_if_mrope(
+            SimpleNamespace(draft_model_config=spec.draft_model_config)
+        )
     except NotImplementedError as exc:
         assert "M-RoPE" in str(exc)
         return True
