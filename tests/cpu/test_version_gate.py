@@ -82,6 +82,9 @@ NEEDED = {release: needed | EVERY_RELEASE for release, needed in NEEDED.items()}
 FAULTS = "hidden-states-folder-faults"
 COPY_READY = "hidden-states-copy-when-ready"
 NEEDED = {r: n | ({FAULTS, COPY_READY} if WHOLE in n else set()) for r, n in NEEDED.items()}
+# The V1 proposer refuses an M-RoPE drafter for parallel drafting (DFlash), 0.20-0.33
+DFLASH_ROPE = "dflash-drafter-text-rope"
+NEEDED = {r: n | ({DFLASH_ROPE} if r != "0.34.0" else set()) for r, n in NEEDED.items()}
 
 
 def test_installed_vllm_selects_exactly_its_patches():
