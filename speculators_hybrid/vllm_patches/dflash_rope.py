@@ -9,10 +9,9 @@ is parallel drafting, which the V1 proposer refuses with M-RoPE:
 `vllm/v1/spec_decode/llm_base_proposer.py` (0.20.1: lines 195-197 and 319-324)
 `_raise_if_mrope` stops the engine at start with "Speculative Decoding with draft models or
 parallel drafting does not support M-RoPE yet". The refusal is in every release 0.20.0-0.33.0.
-On the GPU (2026-12-06, one H100, vLLM 0.20.1 + plugin,
-benchmarks/acceptance/results/2026-12-06-vllm0.20.1-h100/) a drafter trained by speculators
-0.9.0 for such a target stops there; the same checkpoint with the M-RoPE fields deleted from
-its config.json serves and accepts tokens.
+On the GPU a drafter trained by speculators 0.9.0 for such a target stops there, and the same
+checkpoint with the M-RoPE fields deleted from its config.json serves and accepts tokens
+(benchmarks/acceptance/README.md).
 How: where vLLM turns a speculators config into the drafter's transformers config
 (`SpeculatorsConfig.extract_transformers_pre_trained_config`, which only speculators-format
 checkpoints reach), a `dflash` or `dflash2` drafter (both run as vLLM's method `dflash`) whose
