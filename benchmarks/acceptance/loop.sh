@@ -83,7 +83,7 @@ phase_train() {
 
 latest() { find "$1" -name config.json -printf '%T@ %h\n' 2>/dev/null | sort -n | tail -1 | cut -d' ' -f2; }
 
-accept() {  # name env-args... -- accept.py args...
+accept() {  # NAME [VAR=VALUE...] COMMAND...: runs it with the result file as its last argument
   local name=$1; shift
   say "accept $name"
   timeout 420 env "$@" "$ACC/results/accept-$name.json" > "$ACC/logs/accept-$name.log" 2>&1
@@ -95,10 +95,10 @@ phase_accept() {
   local args="$ACC/target $ACC/target/heldout.jsonl"
   local eagle; eagle=$(latest "$ACC/train-eagle3")
   local dflash; dflash=$(latest "$ACC/train-dflash")
-  [ -f "$ACC/results/accept-target.json" ] || accept target X=1 $a $args
-  [ -n "$eagle" ] && accept eagle3 X=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
+  [ -f "$ACC/results/accept-target.json" ] || accept target $a $args
+  [ -n "$eagle" ] && accept eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
   if [ -n "$dflash" ]; then
-    accept dflash X=1 $a --drafter "$dflash" --method dflash --k 3 $args
+    accept dflash $a --drafter "$dflash" --method dflash --k 3 $args
     rm -rf "$ACC/dflash-1d"; cp -r "$dflash" "$ACC/dflash-1d"
     python3 - "$ACC/dflash-1d/config.json" <<'EOF'
 import json, sys
@@ -111,7 +111,7 @@ def strip(d):
         for v in d.values(): strip(v)
 strip(c); json.dump(c, open(p, "w"), indent=2)
 EOF
-    accept dflash-1d X=1 $a --drafter "$ACC/dflash-1d" --method dflash --k 3 $args
+    accept dflash-1d $a --drafter "$ACC/dflash-1d" --method dflash --k 3 $args
   fi
   [ -n "$eagle" ] && accept eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
   touch "$ACC/results/accept.done"
