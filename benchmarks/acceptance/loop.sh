@@ -9,13 +9,16 @@
 #   1. target.py: the stdlib-tiny target ($TARGET_S s of training);
 #   2. `speculators-hybrid launch --launcher $LAUNCHER` (vLLM + plugin, prefill-only), then
 #      speculators' prepare-data on $CHATS training chats, then EAGLE-3 and DFlash trained side
-#      by side by `speculators train --on-missing generate` through `speculators-hybrid run`;
+#      by side by `speculators train --on-missing generate` through `speculators-hybrid run`
+#      ($STEPS steps, at most $EPOCHS epochs), and with ABLATE=1 (default) a third, the same
+#      EAGLE-3 with the plugin's verifier-norm patch disabled (SPECULATORS_HYBRID_DISABLED_PATCHES);
 #   3. the server stopped, accept.py for the target alone and each drafter (k=3), one engine at a
-#      time; DFlash also from a copy of its config without M-RoPE (what vLLM 0.20 refuses).
+#      time; DFlash from a copy of its config without M-RoPE only if the as-trained one fails;
+#      the EAGLE-3 on stock vLLM (plugin off); then target and EAGLE-3 with CUDA graphs.
 # Each phase's JSON lands in $ACC/results, which poll copies to $OUT/acc.
 set -uo pipefail
 ACC=${ACC:-/tmp/stash/acc}
-TARGET_S=${TARGET_S:-100}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-300}; PORT=${PORT:-8100}
+TARGET_S=${TARGET_S:-100}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-300}; EPOCHS=${EPOCHS:-2}; PORT=${PORT:-8100}
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export TRITON_CACHE_AUTOTUNING=1 TRITON_HOME=/tmp/stash/triton-home VLLM_CACHE_ROOT=/tmp/stash/vllm-cache
 run() { bash /tmp/stash/bin/on-device.sh run "$@"; }
@@ -39,19 +42,19 @@ wait_ready() {
   return 1
 }
 
-train_one() {  # kind extra-args...
-  local kind=$1; shift
-  rm -rf "$ACC/train-$kind"; mkdir -p "$ACC/train-$kind"
+train_one() {  # name speculator-type extra-args...
+  local name=$1 kind=$2; shift 2
+  rm -rf "$ACC/train-$name"; mkdir -p "$ACC/train-$name"
   TORCHDYNAMO_DISABLE=${TRAIN_EAGER-1} timeout 900 \
     bash /tmp/stash/bin/on-device.sh run python3 -m speculators_hybrid.cli run -- \
     python3 -m speculators train --speculator-type "$kind" --verifier-name-or-path "$ACC/target" \
-    --data-path "$ACC/data" --save-path "$ACC/train-$kind" --log-dir "$ACC/train-$kind/logs" \
+    --data-path "$ACC/data" --save-path "$ACC/train-$name" --log-dir "$ACC/train-$name/logs" \
     --on-missing generate --vllm-endpoint "http://127.0.0.1:$PORT/v1" --target-layer-ids 2 4 5 \
-    --total-seq-len 4096 --seed "${SEED:-0}" --max-steps "$STEPS" --epochs 2 --lr 1e-3 \
+    --total-seq-len 4096 --seed "${SEED:-0}" --max-steps "$STEPS" --epochs "$EPOCHS" --lr 1e-3 \
     --scheduler-type cosine --scheduler-warmup-steps 50 --train-data-ratio 0.98 --num-workers 4 \
-    --log-freq 10 "$@" > "$ACC/logs/train-$kind.log" 2>&1
+    --log-freq 10 "$@" > "$ACC/logs/train-$name.log" 2>&1
   local rc=$?
-  say "train $kind: exit $rc, $(grep -c 'global_step\|loss' "$ACC/logs/train-$kind.log") log lines"
+  say "train $name: exit $rc, $(grep -c 'global_step\|loss' "$ACC/logs/train-$name.log") log lines"
 }
 
 phase_train() {
@@ -73,9 +76,11 @@ phase_train() {
     --render-endpoint "http://127.0.0.1:$PORT" --num-preprocessing-workers 8 \
     > "$ACC/logs/prepare-data.log" 2>&1 || { say "prepare-data: FAILED"; kill -- -"$server"; return 1; }
   say "prepare-data: done"
-  train_one eagle3 --num-layers 1 & local t1=$!
-  train_one dflash --num-layers 2 --block-size 4 & local t2=$!
-  wait "$t1" "$t2"
+  train_one eagle3 eagle3 --num-layers 1 &
+  train_one dflash dflash --num-layers 2 --block-size 4 &
+  [ "${ABLATE:-1}" = 1 ] && SPECULATORS_HYBRID_DISABLED_PATCHES=verifier-norm-eagle3 \
+    train_one eagle3-nonorm eagle3 --num-layers 1 &
+  wait
   grep -c '"POST /v1/completions HTTP/1.1" 200' "$ACC/logs/server.log" > "$ACC/results/requests_200.txt"
   kill -- -"$server" 2>/dev/null; sleep 5
   touch "$ACC/results/train.done"
@@ -87,7 +92,9 @@ accept() {  # NAME [VAR=VALUE...] COMMAND...: runs it with the result file as it
   local name=$1; shift
   say "accept $name"
   timeout 420 env "$@" "$ACC/results/accept-$name.json" > "$ACC/logs/accept-$name.log" 2>&1
-  say "accept $name: exit $?"
+  local rc=$?
+  say "accept $name: exit $rc"
+  return $rc
 }
 
 phase_accept() {
@@ -95,10 +102,10 @@ phase_accept() {
   local args="$ACC/target $ACC/target/heldout.jsonl"
   local eagle; eagle=$(latest "$ACC/train-eagle3")
   local dflash; dflash=$(latest "$ACC/train-dflash")
+  local nonorm; nonorm=$(latest "$ACC/train-eagle3-nonorm")
   [ -f "$ACC/results/accept-target.json" ] || accept target $a $args
   [ -n "$eagle" ] && accept eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
-  if [ -n "$dflash" ]; then
-    accept dflash $a --drafter "$dflash" --method dflash --k 3 $args
+  if [ -n "$dflash" ] && ! accept dflash $a --drafter "$dflash" --method dflash --k 3 $args; then
     rm -rf "$ACC/dflash-1d"; cp -r "$dflash" "$ACC/dflash-1d"
     python3 - "$ACC/dflash-1d/config.json" <<'EOF'
 import json, sys
@@ -113,7 +120,11 @@ strip(c); json.dump(c, open(p, "w"), indent=2)
 EOF
     accept dflash-1d $a --drafter "$ACC/dflash-1d" --method dflash --k 3 $args
   fi
+  [ -n "$nonorm" ] && accept eagle3-nonorm $a --drafter "$nonorm" --method eagle3 --k 3 $args
   [ -n "$eagle" ] && accept eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
+  local g="bash /tmp/stash/bin/on-device.sh run python3 $ACC/code/benchmarks/acceptance/accept.py"
+  accept target-graphs $g $args
+  [ -n "$eagle" ] && accept eagle3-graphs $g --drafter "$eagle" --method eagle3 --k 3 $args
   touch "$ACC/results/accept.done"
 }
 
