@@ -21,13 +21,13 @@ ACC=${ACC:-/tmp/stash/acc}
 TARGET_S=${TARGET_S:-100}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-300}; EPOCHS=${EPOCHS:-2}; PORT=${PORT:-8100}
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export TRITON_CACHE_AUTOTUNING=1 TRITON_HOME=/tmp/stash/triton-home VLLM_CACHE_ROOT=/tmp/stash/vllm-cache
-run() { bash /tmp/stash/bin/on-device.sh run "$@"; }
+RUNNER=${RUNNER:-/tmp/stash/bin/on-device.sh}  # runs a command in the staged environment
 say() { echo "$(date +%T) $*" | tee -a "$ACC/status"; }
 
 phase_target() {
   [ -f "$ACC/target/target.json" ] && return 0
   say "target: training $TARGET_S s"
-  timeout $((TARGET_S + 240)) bash -c "cd $ACC/code && bash /tmp/stash/bin/on-device.sh run \
+  timeout $((TARGET_S + 240)) bash -c "cd $ACC/code && bash $RUNNER run \
     python3 benchmarks/acceptance/target.py $ACC/target --seconds $TARGET_S" > "$ACC/logs/target.log" 2>&1
   cp "$ACC/target/target.json" "$ACC/results/" && say "target: done" || { say "target: FAILED"; return 1; }
 }
@@ -46,7 +46,7 @@ train_one() {  # name speculator-type extra-args...
   local name=$1 kind=$2; shift 2
   rm -rf "$ACC/train-$name"; mkdir -p "$ACC/train-$name"
   TORCHDYNAMO_DISABLE=${TRAIN_EAGER-1} timeout 900 \
-    bash /tmp/stash/bin/on-device.sh run python3 -m speculators_hybrid.cli run -- \
+    bash $RUNNER run python3 -m speculators_hybrid.cli run -- \
     python3 -m speculators train --speculator-type "$kind" --verifier-name-or-path "$ACC/target" \
     --data-path "$ACC/data" --save-path "$ACC/train-$name" --log-dir "$ACC/train-$name/logs" \
     --on-missing generate --vllm-endpoint "http://127.0.0.1:$PORT/v1" --target-layer-ids 2 4 5 \
@@ -61,26 +61,30 @@ phase_train() {
   [ -f "$ACC/results/train.done" ] && return 0
   say "server: starting"
   rm -rf "$ACC/hs"
-  setsid bash /tmp/stash/bin/on-device.sh run python3 -m speculators_hybrid.cli launch \
+  setsid bash $RUNNER run python3 -m speculators_hybrid.cli launch \
     --launcher "$ACC/launch_vllm.py" "$ACC/target" --hidden-states-path "$ACC/hs" -- \
     --port="$PORT" --max-model-len=1024 --max-num-seqs=64 --max-num-batched-tokens=8192 \
     --kv-cache-memory-bytes=$((4 << 30)) --gpu-memory-utilization=0.3 \
     --gdn-prefill-backend=triton --enforce-eager > "$ACC/logs/server.log" 2>&1 &
   local server=$!
+  echo "$server" > "$ACC/server.pid"  # its own process group: kill -- -PID stops it
   if ! wait_ready 300 "$server"; then say "server: FAILED"; kill -- -"$server"; return 1; fi
   say "server: ready"
   head -n "$CHATS" "$ACC/target/chats.jsonl" > "$ACC/chats-subset.jsonl"
   rm -rf "$ACC/data"
-  timeout 600 bash /tmp/stash/bin/on-device.sh run python3 -m speculators prepare-data \
+  timeout 600 bash $RUNNER run python3 -m speculators prepare-data \
     --model "$ACC/target" --data "$ACC/chats-subset.jsonl" --output "$ACC/data" --seq-length 512 \
     --render-endpoint "http://127.0.0.1:$PORT" --num-preprocessing-workers 8 \
     > "$ACC/logs/prepare-data.log" 2>&1 || { say "prepare-data: FAILED"; kill -- -"$server"; return 1; }
   say "prepare-data: done"
-  train_one eagle3 eagle3 --num-layers 1 &
-  train_one dflash dflash --num-layers 2 --block-size 4 &
-  [ "${ABLATE:-1}" = 1 ] && SPECULATORS_HYBRID_DISABLED_PATCHES=verifier-norm-eagle3 \
-    train_one eagle3-nonorm eagle3 --num-layers 1 &
-  wait
+  local trainers=()  # wait for these only: a bare `wait` would also wait for the server
+  train_one eagle3 eagle3 --num-layers 1 & trainers+=($!)
+  train_one dflash dflash --num-layers 2 --block-size 4 & trainers+=($!)
+  if [ "${ABLATE:-1}" = 1 ]; then
+    SPECULATORS_HYBRID_DISABLED_PATCHES=verifier-norm-eagle3 \
+      train_one eagle3-nonorm eagle3 --num-layers 1 & trainers+=($!)
+  fi
+  wait "${trainers[@]}"
   grep -c '"POST /v1/completions HTTP/1.1" 200' "$ACC/logs/server.log" > "$ACC/results/requests_200.txt"
   kill -- -"$server" 2>/dev/null; sleep 5
   touch "$ACC/results/train.done"
@@ -98,7 +102,7 @@ accept() {  # NAME [VAR=VALUE...] COMMAND...: runs it with the result file as it
 }
 
 phase_accept() {
-  local a="bash /tmp/stash/bin/on-device.sh run python3 $ACC/code/benchmarks/acceptance/accept.py ${ACCEPT_ARGS---eager}"
+  local a="bash $RUNNER run python3 $ACC/code/benchmarks/acceptance/accept.py ${ACCEPT_ARGS---eager}"
   local args="$ACC/target $ACC/target/heldout.jsonl"
   local eagle; eagle=$(latest "$ACC/train-eagle3")
   local dflash; dflash=$(latest "$ACC/train-dflash")
@@ -122,7 +126,7 @@ EOF
   fi
   [ -n "$nonorm" ] && accept eagle3-nonorm $a --drafter "$nonorm" --method eagle3 --k 3 $args
   [ -n "$eagle" ] && accept eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
-  local g="bash /tmp/stash/bin/on-device.sh run python3 $ACC/code/benchmarks/acceptance/accept.py"
+  local g="bash $RUNNER run python3 $ACC/code/benchmarks/acceptance/accept.py"
   accept target-graphs $g $args
   [ -n "$eagle" ] && accept eagle3-graphs $g --drafter "$eagle" --method eagle3 --k 3 $args
   touch "$ACC/results/accept.done"

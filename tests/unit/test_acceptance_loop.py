@@ -1,0 +1,111 @@
+"""benchmarks/acceptance/loop.sh's order of phases, with a stand-in for the staged environment.
+
+The loop runs on the GPU machine, where a wait that never returns costs the session's device
+time; here each command it runs is answered by a small script (RUNNER): the target, a server that
+answers /health until it is stopped, prepare-data, the trainers, accept.py. The loop must end on
+its own, stop the server, train the ablation with the verifier-norm patch off, and serve DFlash
+from a 1-D copy only when the as-trained one fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+LOOP = Path(__file__).resolve().parents[2] / "benchmarks" / "acceptance" / "loop.sh"
+
+RUNNER = r"""#!/bin/bash
+# a stand-in for on-device.sh: `run CMD...` answers the loop's commands
+shift  # "run"
+args="$*"
+value() { local want=$1; shift; while [ $# -gt 0 ]; do
+  case $1 in "$want") echo "$2"; return;; "$want"=*) echo "${1#*=}"; return;; esac; shift; done; }
+case $args in
+  *target.py*)
+    mkdir -p "$3"; echo '{"heldout_loss": 1.0}' > "$3/target.json"
+    for i in 1 2 3; do echo '{"conversations": []}'; done > "$3/chats.jsonl"
+    cp "$3/chats.jsonl" "$3/heldout.jsonl" ;;
+  *"speculators_hybrid.cli launch"*)
+    port=$(value --port "$@")
+    echo $$ > "$STUB/server.pid"
+    exec python3 -c "
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()" ;;
+  *prepare-data*) mkdir -p "$(value --output "$@")" ;;
+  *"speculators train"*)
+    save=$(value --save-path "$@"); mkdir -p "$save/1"
+    printf '{"off": "%s", "rope_parameters": {"mrope_section": [1, 1]}}' \
+      "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" > "$save/1/config.json" ;;
+  *accept.py*)
+    out="${!#}"
+    case $args in *"--method dflash"*) case $args in *dflash-1d*) ;; *) exit 1;; esac;; esac
+    echo "{\"args\": \"$args\", \"off\": \"${SPECULATORS_HYBRID_DISABLE:-}\"}" > "$out" ;;
+  *) echo "stub: unexpected: $args" >&2; exit 9 ;;
+esac
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_loop_ends_stops_its_server_and_runs_every_phase(tmp_path: Path) -> None:
+    acc, stub = tmp_path / "acc", tmp_path / "stub"
+    for d in (acc / "code", acc / "logs", acc / "results", stub):
+        d.mkdir(parents=True)
+    runner = stub / "runner.sh"
+    runner.write_text(RUNNER)
+    env = {**os.environ, "ACC": str(acc), "RUNNER": str(runner), "STUB": str(stub)}
+    env |= {"PORT": str(free_port()), "TARGET_S": "1", "CHATS": "2", "STEPS": "1"}
+    left_running = False
+    try:
+        done = subprocess.run(
+            ["bash", str(LOOP), "all"], env=env, capture_output=True, text=True, timeout=60
+        )
+    finally:  # a loop that hangs leaves its server: stop it here too
+        pid = stub / "server.pid"
+        if pid.exists():
+            left_running = Path(f"/proc/{pid.read_text().strip()}/cmdline").exists()
+            subprocess.run(["kill", "--", f"-{pid.read_text().strip()}"], capture_output=True)
+    status = (acc / "status").read_text()
+    assert done.returncode == 0, status + done.stderr
+    assert "loop: finished" in status, status
+
+    assert not left_running, "the loop left its training server running"
+    assert "train eagle3-nonorm: exit 0" in status and "accept eagle3-graphs: exit 0" in status
+
+    trained = {
+        name: json.loads((acc / f"train-{name}" / "1" / "config.json").read_text())["off"]
+        for name in ("eagle3", "dflash", "eagle3-nonorm")
+    }
+    assert trained == {"eagle3": "", "dflash": "", "eagle3-nonorm": "verifier-norm-eagle3"}
+
+    results = {p.name for p in (acc / "results").glob("accept-*.json")}
+    assert results == {
+        f"accept-{n}.json"
+        for n in (
+            "target",
+            "eagle3",
+            "dflash-1d",
+            "eagle3-nonorm",
+            "eagle3-stock",
+            "target-graphs",
+            "eagle3-graphs",
+        )
+    }, results
+    stock = json.loads((acc / "results" / "accept-eagle3-stock.json").read_text())
+    assert "--eager" in stock["args"] and stock["off"] == "1"
+    graphs = json.loads((acc / "results" / "accept-eagle3-graphs.json").read_text())["args"]
+    assert "--eager" not in graphs
+    one_d = json.loads((acc / "dflash-1d" / "config.json").read_text())
+    assert one_d["rope_parameters"] == {}
+    assert (acc / "results" / "train.done").exists() and (acc / "results" / "accept.done").exists()
