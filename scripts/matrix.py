@@ -98,7 +98,9 @@ def envs() -> list[Env]:
         out.append(
             Env(
                 env_name("vllm", release),
-                PACKAGE + TEST + (TRANSFORMERS, f"vllm=={release}"),
+                PACKAGE
+                + TEST
+                + (TRANSFORMERS, f"vllm=={release}", f"hs-connectors=={support.HS_CONNECTORS}"),
                 (f"{PYTEST}{select} {{posargs:{tests}}}",),
                 f"vLLM {release} on the CPU, {tier} tier",
             )
@@ -185,14 +187,21 @@ def lock_header(env: Env) -> str:
 
 
 def compile_lock(env: Env) -> str:
-    """`uv pip compile` of the env's requirements: the lock's text."""
+    """`uv pip compile` of the env's requirements: the lock's text. The pins of the env's
+    current lock are kept where they still fit (uv prefers an output file's pins), so a new
+    requirement adds its packages without moving the others."""
     beside = Path(sys.executable).parent / "uv"  # .venv-tools/bin/uv
     uv = os.environ.get("UV") or (str(beside) if beside.exists() else "uv")
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / f"{env.name}.in"
         source.write_text("\n".join(env.requires) + "\n")
+        output = Path(tmp) / f"{env.name}.txt"
+        current = LOCKS / f"{env.name}.txt"
+        if current.exists():
+            output.write_text(current.read_text())
         done = subprocess.run(
             [uv, "pip", "compile", "-q", str(source), "--no-header", "--no-annotate"]
+            + ["--output-file", str(output)]
             + ["--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28"]
             + ["--overrides", str(REQUIREMENTS / "torch-cpu.txt")]
             + ["--excludes", str(REQUIREMENTS / "gpu-only.txt")]
@@ -200,9 +209,9 @@ def compile_lock(env: Env) -> str:
             capture_output=True,
             text=True,
         )
-    if done.returncode != 0:
-        raise SystemExit(f"matrix: cannot lock {env.name}: {done.stderr.strip()}")
-    return lock_header(env) + done.stdout
+        if done.returncode != 0:
+            raise SystemExit(f"matrix: cannot lock {env.name}: {done.stderr.strip()}")
+        return lock_header(env) + output.read_text()
 
 
 TABLE_START = "<!-- support table: made by `python scripts/matrix.py table`, do not edit -->\n"
