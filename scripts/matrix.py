@@ -9,7 +9,7 @@
 `lock vllm-<release>` and `table` (docs/maintaining.md has the whole checklist).
 
 `table` writes each block between its markers: README.md's summary (the counts and releases a
-user reads), docs/support.md's summary, family table and patch tables, docs/development.md's
+user reads), docs/support.md's summary, family table, backend table and patch tables, docs/development.md's
 env table, and patches/README.md's diff table. Every count on those pages comes from here.
 
 Each env installs exactly its lock, `tests/requirements/locks/<env>.txt`: `uv pip compile` of
@@ -334,6 +334,35 @@ def family_table() -> str:
     return FAMILY_START + "\n".join(lines) + "\n" + FAMILY_END
 
 
+BACKEND_START = "<!-- backend table: made by `python scripts/matrix.py table`, do not edit -->\n"
+BACKEND_END = "<!-- end of backend table -->\n"
+WORKS = "●"
+
+
+def backend_table() -> str:
+    """docs/support.md's hidden-state backend x vLLM release table, from
+    speculators_hybrid/backends.py."""
+    from speculators_hybrid.backends import BACKENDS
+
+    releases = list(support.VLLM)
+    lines = [
+        _fill(
+            f"speculators' hidden-state backend (`--hidden-states-backend`, hs-connectors "
+            f"{support.HS_CONNECTORS}) x vLLM release, hybrid targets with this plugin: {WORKS} "
+            f"works (proven on the CPU by `tests/cpu/test_backend_matrix.py`), {REFUSED} refused "
+            "by `launch` before the server starts, naming the first release that works."
+        ),
+        "",
+        "| backend | " + " | ".join(r.removeprefix("0.") for r in releases) + " | served by |",
+        "|---|" + "---|" * (len(releases) + 1),
+    ]
+    for b in BACKENDS:
+        cells = [WORKS if b.works_on(r) else REFUSED for r in releases]
+        why = f"; before {b.first}: refused, {b.before}" if b.before else ""
+        lines.append(f"| `{b.name}` | " + " | ".join(cells) + f" | {b.how}{why} |")
+    return BACKEND_START + "\n".join(lines) + "\n" + BACKEND_END
+
+
 DIFFS_START = "<!-- diff table: made by `python scripts/matrix.py table`, do not edit -->\n"
 DIFFS_END = "<!-- end of diff table -->\n"
 PATCHES_DIR = ROOT / "patches"
@@ -456,6 +485,7 @@ def env_table() -> str:
 BLOCKS = {
     "summary": (SUMMARY_START, SUMMARY_END, summary),
     "family": (FAMILY_START, FAMILY_END, family_table),
+    "backend": (BACKEND_START, BACKEND_END, backend_table),
     "support": (TABLE_START, TABLE_END, support_table),
     "envs": (ENVS_START, ENVS_END, env_table),
     "diffs": (DIFFS_START, DIFFS_END, diff_table),
@@ -463,7 +493,7 @@ BLOCKS = {
 # The pages that hold generated blocks (relative to ROOT), and which.
 PAGES = {
     "README.md": ("summary",),
-    "docs/support.md": ("summary", "family", "support"),
+    "docs/support.md": ("summary", "family", "backend", "support"),
     "docs/development.md": ("envs",),
     "patches/README.md": ("diffs",),
 }

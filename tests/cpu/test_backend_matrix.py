@@ -93,13 +93,14 @@ def fp8_expected(hidden: torch.Tensor) -> torch.Tensor:
 def check_fp8_file(params: dict[str, Any], folder: Any, hidden: torch.Tensor) -> None:
     path = params["hidden_states_path"]
     assert os.path.dirname(path) == str(folder)
+    # speculators' fp8 reader (it waits for the writer on the lock, as vLLM returns first)
+    read = hs_connectors.FP8Transfer(folder).get_generated(params)
     raw = load_file(path)
     assert set(raw) == {"hidden_states", "hidden_states_scales", "token_ids"}
     assert raw["hidden_states"].dtype == torch.float8_e4m3fn
     assert raw["hidden_states_scales"].shape == (hidden.shape[0], 1, 1)
     with safe_open(path, "pt") as f:
         assert (f.metadata() or {})["writer"] == "speculators-hybrid"  # our writer wrote it
-    read = hs_connectors.FP8Transfer(folder).get_generated(params)  # speculators' fp8 reader
     assert set(read) == {"hidden_states", "token_ids"}
     assert read["token_ids"].tolist() == list(range(1, hidden.shape[0] + 1))
     assert torch.equal(read["hidden_states"], fp8_expected(hidden))
@@ -203,15 +204,21 @@ def test_mooncake_reads_the_hidden_group_whole_prompts_and_hits(shim, tmp_path, 
     assert worker._block_size == block
 
     first = [(i * 37) % 1000 + 1 for i in range(1300)]  # three prefill chunks
-    second = first[:1100] + [5, 6, 7] * 30
+    # Two more sharing 1,100 tokens: from 0.29 vLLM keeps a shared prefix's GDN state once it
+    # has seen it twice (test_prefix_hit_file.py), so the third may hit where the second missed.
+    prompts = {
+        "first": first,
+        "second": first[:1100] + [5, 6, 7] * 30,
+        "third": first[:1100] + [8, 9] * 40,
+    }
     hits = {}
-    for req_id, prompt in (("first", first), ("second", second)):
+    for req_id, prompt in prompts.items():
         hits[req_id] = run(scheduler, request, worker, gid, block, view, req_id, prompt)
         sample = store.samples[module.sanitize_key(req_id)]
         assert sample["token_ids"].tolist() == prompt
         assert torch.equal(sample["hidden_states"], prefix_rows(prompt)), req_id
     if config.cache_config.enable_prefix_caching:
-        assert hits["second"] > 0  # the cached rows were read where the first prompt wrote them
+        assert max(hits.values()) > 0  # cached rows read where an earlier prompt wrote them
     worker._executor.shutdown(wait=True)
 
 
