@@ -9,8 +9,9 @@
 `lock vllm-<release>` and `table` (docs/maintaining.md has the whole checklist).
 
 `table` writes each block between its markers: README.md's summary (the counts and releases a
-user reads), docs/support.md's summary, family table, backend table and patch tables, docs/development.md's
-env table, and patches/README.md's diff table. Every count on those pages comes from here.
+user reads), docs/support.md's summary, family table, backend table and patch tables,
+docs/development.md's env table, and patches/README.md's diff table. Every count on those
+pages comes from here.
 
 Each env installs exactly its lock, `tests/requirements/locks/<env>.txt`: `uv pip compile` of
 the env's direct requirements for CPython 3.11 on x86_64 Linux, with the CPU torch wheel from

@@ -150,7 +150,11 @@ def _to_host(tensors: dict[str, torch.Tensor], chunk_bytes: int) -> Future[tuple
 
 
 def _write(
-    path: str, copied: Future[tuple[dict, Any]], metadata: Any, lock: IO[str], fmt: str | None
+    path: str,
+    copied: Future[tuple[dict, Any]],
+    metadata: Any,
+    lock: IO[str],
+    fmt: str | None = None,
 ) -> None:
     from speculators_hybrid.vllm_patches.fp8_files import encode
 

@@ -138,7 +138,9 @@ def test_fp8_file_is_hs_connectors_format_with_provenance(shim, tmp_path, chunks
         cache[slots // 16, slots % 16] = hidden
         path = os.path.join(tmp_path, "r.safetensors")
         tokens = list(range(1, len(hidden) + 1))
-        worker.bind_connector_metadata(HiddenStatesMetadata([SaveRequest("r", path, tokens, slots)]))
+        worker.bind_connector_metadata(
+            HiddenStatesMetadata([SaveRequest("r", path, tokens, slots)])
+        )
         worker.save_kv_layer(name, cache, None)
         worker.shutdown()
         params = {"hidden_states_path": path}
