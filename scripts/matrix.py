@@ -9,8 +9,9 @@
 `lock vllm-<release>` and `table` (docs/maintaining.md has the whole checklist).
 
 `table` writes each block between its markers: README.md's summary (the counts and releases a
-user reads), docs/support.md's summary, family table and patch tables, docs/development.md's
-env table, and patches/README.md's diff table. Every count on those pages comes from here.
+user reads), docs/support.md's summary, family table, backend table and patch tables,
+docs/development.md's env table, and patches/README.md's diff table. Every count on those
+pages comes from here.
 
 Each env installs exactly its lock, `tests/requirements/locks/<env>.txt`: `uv pip compile` of
 the env's direct requirements for CPython 3.11 on x86_64 Linux, with the CPU torch wheel from
@@ -98,7 +99,9 @@ def envs() -> list[Env]:
         out.append(
             Env(
                 env_name("vllm", release),
-                PACKAGE + TEST + (TRANSFORMERS, f"vllm=={release}"),
+                PACKAGE
+                + TEST
+                + (TRANSFORMERS, f"vllm=={release}", f"hs-connectors=={support.HS_CONNECTORS}"),
                 (f"{PYTEST}{select} {{posargs:{tests}}}",),
                 f"vLLM {release} on the CPU, {tier} tier",
             )
@@ -185,14 +188,21 @@ def lock_header(env: Env) -> str:
 
 
 def compile_lock(env: Env) -> str:
-    """`uv pip compile` of the env's requirements: the lock's text."""
+    """`uv pip compile` of the env's requirements: the lock's text. The pins of the env's
+    current lock are kept where they still fit (uv prefers an output file's pins), so a new
+    requirement adds its packages without moving the others."""
     beside = Path(sys.executable).parent / "uv"  # .venv-tools/bin/uv
     uv = os.environ.get("UV") or (str(beside) if beside.exists() else "uv")
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / f"{env.name}.in"
         source.write_text("\n".join(env.requires) + "\n")
+        output = Path(tmp) / f"{env.name}.txt"
+        current = LOCKS / f"{env.name}.txt"
+        if current.exists():
+            output.write_text(current.read_text())
         done = subprocess.run(
             [uv, "pip", "compile", "-q", str(source), "--no-header", "--no-annotate"]
+            + ["--output-file", str(output)]
             + ["--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28"]
             + ["--overrides", str(REQUIREMENTS / "torch-cpu.txt")]
             + ["--excludes", str(REQUIREMENTS / "gpu-only.txt")]
@@ -200,9 +210,9 @@ def compile_lock(env: Env) -> str:
             capture_output=True,
             text=True,
         )
-    if done.returncode != 0:
-        raise SystemExit(f"matrix: cannot lock {env.name}: {done.stderr.strip()}")
-    return lock_header(env) + done.stdout
+        if done.returncode != 0:
+            raise SystemExit(f"matrix: cannot lock {env.name}: {done.stderr.strip()}")
+        return lock_header(env) + output.read_text()
 
 
 TABLE_START = "<!-- support table: made by `python scripts/matrix.py table`, do not edit -->\n"
@@ -323,6 +333,35 @@ def family_table() -> str:
             + f" | {f.first or f'none up to {releases[-1]}'} |"
         )
     return FAMILY_START + "\n".join(lines) + "\n" + FAMILY_END
+
+
+BACKEND_START = "<!-- backend table: made by `python scripts/matrix.py table`, do not edit -->\n"
+BACKEND_END = "<!-- end of backend table -->\n"
+WORKS = "●"
+
+
+def backend_table() -> str:
+    """docs/support.md's hidden-state backend x vLLM release table, from
+    speculators_hybrid/backends.py."""
+    from speculators_hybrid.backends import BACKENDS
+
+    releases = list(support.VLLM)
+    lines = [
+        _fill(
+            f"speculators' hidden-state backend (`--hidden-states-backend`, hs-connectors "
+            f"{support.HS_CONNECTORS}) x vLLM release, hybrid targets with this plugin: {WORKS} "
+            f"works (proven on the CPU by `tests/cpu/test_backend_matrix.py`), {REFUSED} refused "
+            "by `launch` before the server starts, naming the first release that works."
+        ),
+        "",
+        "| backend | " + " | ".join(r.removeprefix("0.") for r in releases) + " | served by |",
+        "|---|" + "---|" * (len(releases) + 1),
+    ]
+    for b in BACKENDS:
+        cells = [WORKS if b.works_on(r) else REFUSED for r in releases]
+        why = f"; before {b.first}: refused, {b.before}" if b.before else ""
+        lines.append(f"| `{b.name}` | " + " | ".join(cells) + f" | {b.how}{why} |")
+    return BACKEND_START + "\n".join(lines) + "\n" + BACKEND_END
 
 
 DIFFS_START = "<!-- diff table: made by `python scripts/matrix.py table`, do not edit -->\n"
@@ -447,6 +486,7 @@ def env_table() -> str:
 BLOCKS = {
     "summary": (SUMMARY_START, SUMMARY_END, summary),
     "family": (FAMILY_START, FAMILY_END, family_table),
+    "backend": (BACKEND_START, BACKEND_END, backend_table),
     "support": (TABLE_START, TABLE_END, support_table),
     "envs": (ENVS_START, ENVS_END, env_table),
     "diffs": (DIFFS_START, DIFFS_END, diff_table),
@@ -454,7 +494,7 @@ BLOCKS = {
 # The pages that hold generated blocks (relative to ROOT), and which.
 PAGES = {
     "README.md": ("summary",),
-    "docs/support.md": ("summary", "family", "support"),
+    "docs/support.md": ("summary", "family", "backend", "support"),
     "docs/development.md": ("envs",),
     "patches/README.md": ("diffs",),
 }

@@ -8,6 +8,7 @@ at GPU start-up, the extraction layer is vLLM's `CacheOnlyAttentionLayer`, and
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -29,6 +30,7 @@ class Setup:
     chunked_prefill: bool | None = None  # None: vLLM's default
     max_num_batched_tokens: int | None = None  # None: vLLM's default
     data_parallel_size: int = 1  # engine cores behind one front end (each plans alone)
+    kv_transfer: str | None = None  # JSON of another kv-transfer config than the file one
 
 
 def forget_model_classes() -> None:
@@ -62,6 +64,8 @@ def engine_config(setup: Setup) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
     extra = extraction_args(setup.layer_ids) if setup.layer_ids else {}
+    if extra and setup.kv_transfer is not None:
+        extra["kv_transfer_config"] = json.loads(setup.kv_transfer)
     args = EngineArgs(
         model=setup.model,
         skip_tokenizer_init=True,

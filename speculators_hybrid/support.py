@@ -46,6 +46,10 @@ def tested_range() -> str:
 SPECULATORS: tuple[str, ...] = ("0.5.0", "0.7.0", "0.8.1", "0.9.0")
 SPECULATORS_VLLM = "0.20.1"
 
+# hs-connectors (speculators' hidden-state backends, backends.py) in every vLLM env: the release
+# speculators 0.9.0 pins.
+HS_CONNECTORS = "0.9.0"
+
 # Releases with a GPU proof on an H200 (tests/gpu/results/), and the model runner it ran.
 GPU_PROVEN: dict[str, str] = {"0.20.1": "V1", "0.24.0": "V1", "0.25.0": "V1"}
 

@@ -12,7 +12,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from speculators_hybrid import families, support, switches
+from speculators_hybrid import backends, families, support, switches
 from speculators_hybrid.extraction import id_problems as id_problems
 from speculators_hybrid.extraction import layer_ids_error
 from speculators_hybrid.launcher import LaunchError
@@ -41,6 +41,7 @@ TP_FLAGS = ("--tensor-parallel-size", "--tensor_parallel_size", "-tp")
 BATCH_FLAGS = ("--max-num-batched-tokens", "--max_num_batched_tokens")
 MAMBA_MODE_FLAGS = ("--mamba-cache-mode", "--mamba_cache_mode")
 LEN_FLAGS = ("--max-model-len", "--max_model_len")
+KV_FLAGS = ("--kv_transfer_config", "--kv-transfer-config")
 
 Log = Callable[[str], None]
 
@@ -55,6 +56,14 @@ def check_layer_ids(ids: Sequence[Any], target: Target) -> None:
 def check_family(target: Target, vllm: str | None) -> None:
     """Refuse a model family that has no EAGLE-3 hidden states on this vLLM (families.py)."""
     message = families.refusal(target.model_type, vllm)
+    if message is not None:
+        raise LaunchError(message)
+
+
+def check_backend(cmd: Command, vllm: str | None) -> None:
+    """Refuse a hidden-state backend that cannot work on this vLLM (backends.py)."""
+    backend = backends.of_command(cmd.option(KV_FLAGS))
+    message = None if backend is None else backends.refusal(backend, vllm)
     if message is not None:
         raise LaunchError(message)
 
@@ -331,6 +340,7 @@ def for_hybrid(
         return cmd
     check_layer_ids(cmd.layer_ids(), target)
     check_family(target, vllm)
+    check_backend(cmd, vllm)
     check_tp(cmd, target)
     plugin = _plugin_checks(log)
     generation = launcher_generation(cmd, user_args)  # before the forced flag is dropped

@@ -21,6 +21,7 @@ from speculators_hybrid.vllm_patches import (
     extraction_input,
     file_names,
     folder_faults,
+    fp8_files,
     granite_layer_names,
     hidden_group,
     hidden_read,
@@ -51,6 +52,7 @@ PATCHES: tuple[Patch, ...] = (
     prefix_caching.PATCH,
     mamba_all_mode.PATCH,
     chunked_prompts.PATCH,  # after prefix_caching: wraps outside it, names our connector first
+    fp8_files.PATCH,  # outside keep-hma/chunked-prompts: names vLLM's connector before they look
     prefix_hit.PATCH,
     hidden_read.PATCH,
     hidden_read.PAD_PATCH,

@@ -15,7 +15,7 @@ UTILS = "vllm.v1.core.kv_cache_utils"
 PLANNING = "vllm.v1.core.kv_cache_planning"
 STOCK_CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 
-# VllmConfig.__post_init__ from 0.22 (prefix_caching, chunked_prompts, mamba_all_mode)
+# VllmConfig.__post_init__ from 0.22 (prefix_caching, chunked_prompts, mamba_all_mode, fp8_files)
 POST_INIT = (
     "001a72ffb02dddaf",  # 0.22.0-0.22.1
     "a0518c753537dae1",  # 0.24.0
@@ -29,6 +29,7 @@ POST_INIT = (
     "eae90b3ca094c338",  # 0.30.0
     "f7c2967b5256a6a3",  # 0.31.0
     "7623a01408c594f0",  # 0.32.0
+    "460c9ff29c879a83",  # 0.34.0
 )
 
 # VllmConfig.validate_block_size (engine_block; hidden_group before 0.22)

@@ -33,6 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from speculators_hybrid.vllm_patches.file_names import hidden_states_path, sweep
+from speculators_hybrid.vllm_patches.fp8_files import encode, file_format
 from speculators_hybrid.vllm_patches.hidden_write import block_index
 from speculators_hybrid.vllm_patches.provenance_meta import (
     bad_rows,
@@ -186,6 +187,7 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         )
         self._prompts: dict[str, _Prompt] = {}
         self._guard = guard_enabled(self._kv_transfer_config.get_from_extra_config)
+        self._format = file_format(self._kv_transfer_config.get_from_extra_config)  # fp8_files
         self._writer: FileWriter | None = None  # None: files written inside the step
         if async_enabled(self._kv_transfer_config.get_from_extra_config) and not self._guard:
             extra = self._kv_transfer_config.get_from_extra_config
@@ -265,14 +267,15 @@ class HybridHiddenStatesConnector(KVConnectorBase_V1, SupportsHMA):
         tokens = torch.tensor(save.token_ids, dtype=torch.int64)
         if self._writer is not None:
             tensors = {"hidden_states": hidden, "token_ids": tokens}
-            self._writer.submit(save.path, tensors, self._provenance)
+            self._writer.submit(save.path, tensors, self._provenance, self._format)
             return
         hidden = hidden.cpu()
         problem = bad_rows(hidden) if self._guard else None
         if problem is not None:
             refuse(save.path, problem)
             return
-        write_file(save.path, {"hidden_states": hidden, "token_ids": tokens}, self._provenance)
+        tensors = encode({"hidden_states": hidden, "token_ids": tokens}, self._format)
+        write_file(save.path, tensors, self._provenance)
 
     def shutdown(self) -> None:
         if self._writer is not None:

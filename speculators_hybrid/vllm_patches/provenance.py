@@ -26,6 +26,7 @@ from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
 from speculators_hybrid.vllm_patches._targets import STOCK_CONNECTOR as CONNECTOR
+from speculators_hybrid.vllm_patches.fp8_files import encode, file_format
 from speculators_hybrid.vllm_patches.provenance_meta import (
     bad_rows,
     guard_enabled,
@@ -37,31 +38,33 @@ from speculators_hybrid.vllm_patches.provenance_meta import (
 logger = logging.getLogger("vllm.speculators_hybrid")
 
 
-Settings = tuple[dict[str, str] | None, bool]
+Settings = tuple[dict[str, str] | None, bool, str | None]  # metadata, guard, file format
 # Per connector, made once: hashing the model config for every file cost writer-thread GIL time.
 _settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
 _settings_lock = threading.Lock()  # the writer threads of one connector start together
 
 
 def writer_settings() -> Settings:
-    """(metadata, guard on) for this worker, from the connector vLLM set up in it."""
+    """(metadata, guard on, file format) for this worker, from the connector vLLM set up in
+    it."""
     from vllm.distributed.kv_transfer.kv_transfer_state import (
         get_kv_transfer_group,
         has_kv_transfer_group,
     )
 
     if not has_kv_transfer_group():
-        return None, guard_enabled(lambda key, default: default)
+        return None, guard_enabled(lambda key, default: default), None
     connector = get_kv_transfer_group()
     with _settings_lock:
         if (known := _settings.get(connector)) is not None:
             return known
-        guard = guard_enabled(connector._kv_transfer_config.get_from_extra_config)
+        extra = connector._kv_transfer_config.get_from_extra_config
+        guard, fmt = guard_enabled(extra), file_format(extra)
         try:
-            settings: Settings = (provenance(connector._vllm_config), guard)
+            settings: Settings = (provenance(connector._vllm_config), guard, fmt)
         except Exception as exc:  # noqa: BLE001 (never lose the data for its label)
             logger.warning("speculators-hybrid: no provenance for hidden-state files: %r", exc)
-            settings = (None, guard)
+            settings = (None, guard, fmt)
         _settings[connector] = settings
         return settings
 
@@ -73,12 +76,12 @@ def _write_with_provenance(wrapped: Any, instance: Any, args: tuple, kwargs: dic
     lock_fd = argument(args, kwargs, 3, "lock_fd")
     try:
         event.synchronize()  # the copy to host memory is done
-        metadata, guard = writer_settings()
+        metadata, guard, fmt = writer_settings()
         problem = bad_rows(tensors["hidden_states"]) if guard else None
         if problem is not None:
             refuse(path, problem)
         else:
-            save_whole(path, tensors, metadata)
+            save_whole(path, encode(tensors, fmt), metadata)  # fp8 for hidden-states-fp8-files
     finally:
         if lock_fd is not None:
             os.close(lock_fd)  # releases the reader's wait

@@ -73,16 +73,21 @@ class FileWriter:
         self._max_pending = max_pending
 
     def submit(
-        self, path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None
+        self,
+        path: str,
+        tensors: dict[str, torch.Tensor],
+        metadata: dict[str, str] | None,
+        fmt: str | None = None,
     ) -> None:
-        """Lock `path` now (readers wait from here on), copy to the host, write in a thread."""
+        """Lock `path` now (readers wait from here on), copy to the host, write in a thread
+        (encoded as `fmt` asks: fp8_files.encode)."""
         lock = open(f"{path}.lock", "a")  # noqa: SIM115 (closed by the writer thread)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             copied = _to_host(tensors, self._chunk_bytes)
             while len(self._pending) >= self._max_pending:
                 self._pending.popleft().result()
-            self._pending.append(self._pool.submit(_write, path, copied, metadata, lock))
+            self._pending.append(self._pool.submit(_write, path, copied, metadata, lock, fmt))
         except BaseException:
             lock.close()  # never leave a reader waiting on a lock no writer will release
             raise
@@ -144,12 +149,20 @@ def _to_host(tensors: dict[str, torch.Tensor], chunk_bytes: int) -> Future[tuple
     return copied
 
 
-def _write(path: str, copied: Future[tuple[dict, Any]], metadata: Any, lock: IO[str]) -> None:
+def _write(
+    path: str,
+    copied: Future[tuple[dict, Any]],
+    metadata: Any,
+    lock: IO[str],
+    fmt: str | None = None,
+) -> None:
+    from speculators_hybrid.vllm_patches.fp8_files import encode
+
     try:
         host, ready = copied.result()
         if ready is not None:
             ready.synchronize()
-        save_whole(path, host, metadata)
+        save_whole(path, encode(host, fmt), metadata)
     except Exception as exc:  # noqa: BLE001 (the reader gets the lock, finds no file, fails)
         report_failure(path, exc)
     finally:
