@@ -34,9 +34,11 @@ def test_without_vllm_nothing_is_armed(monkeypatch):
 
 # Every release so far: bad ids refused early, id 0 = embeddings, hidden states at their own
 # page size; text-only Qwen3.5 registered until vLLM 0.27 registers it; a DFlash drafter with
-# 1-D RoPE until 0.34 (no V1 proposer, which refuses M-RoPE for parallel drafting).
+# 1-D RoPE until 0.34 (no V1 proposer, which refuses M-RoPE for parallel drafting); the fp8
+# backend's files written by the connector our patches serve.
 EVERY = {
     "dflash-drafter-text-rope",
+    "hidden-states-fp8-files",
     "check-extraction-input",
     "layer-zero-is-embeddings",
     "hidden-states-own-page-size",
