@@ -204,7 +204,8 @@ def tox_ini() -> str:
         if env.skip_install:
             text += "skip_install = true\n"
         if env.set_env:
-            text += "set_env =\n    {[testenv]set_env}\n" + "".join(f"    {e}\n" for e in env.set_env)
+            lines = ("{[testenv]set_env}", *env.set_env)
+            text += "set_env =\n" + "".join(f"    {e}\n" for e in lines)
         text += "commands =\n" + "".join(f"    {c}\n" for c in env.commands)
     return text
 

@@ -83,7 +83,8 @@ def _start(argv: list[str], log: Path, port: int, started: list[subprocess.Popen
         if proc.poll() is not None:
             raise RuntimeError(f"{argv[0]} exited with {proc.returncode}:\n{_tail(log)}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{argv[0]} not listening on {port} after {READY_S} s:\n{_tail(log)}")
+            late = f"{argv[0]} not listening on {port} after {READY_S} s"
+            raise RuntimeError(f"{late}:\n{_tail(log)}")
         time.sleep(0.05)
 
 

@@ -75,9 +75,8 @@ def _producer_config(store):
 def _hidden_group(kv):
     from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
 
-    found = [
-        i for i, g in enumerate(kv.kv_cache_groups) if isinstance(g.kv_cache_spec, HiddenStateCacheSpec)
-    ]
+    groups = kv.kv_cache_groups
+    found = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, HiddenStateCacheSpec)]
     assert len(found) == 1, kv.kv_cache_groups
     return found[0]
 
@@ -153,4 +152,6 @@ def test_connector_put_then_trainer_get_and_delete(store, one_rank, monkeypatch)
     transfer.delete(manifest["handle"])
     with pytest.raises(TimeoutError):  # gone: the trainer's wait for it runs out
         transfer.store.get_sample(manifest, timeout=0.2)
-    print(f"mooncake round trip: put {put_s * 1e3:.1f} ms, get {get_s * 1e3:.1f} ms")
+    shape = "x".join(map(str, states.shape))
+    took = f"put {put_s * 1e3:.1f} ms, get {get_s * 1e3:.1f} ms"
+    print(f"mooncake round trip, {shape} {states.dtype}: {took}")
