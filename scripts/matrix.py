@@ -58,6 +58,15 @@ SPECULATORS_TESTS = " ".join(
     ("tests/speculators", "tests/upstream/test_patched_speculators.py", "tests/unit/test_run.py")
 )
 
+# The Mooncake env (docs/mooncake.md): its vLLM (>= 0.22: hs-connectors' Mooncake connector needs
+# HiddenStateCacheSpec), the transfer engine's CPU build, and rdma-core's libibverbs.so.1 from the
+# pyverbs wheel (Mooncake's wheels leave it out; the only build of it for CPython 3.11 is 56.0rc1).
+MOONCAKE_VLLM = "0.25.0"
+MOONCAKE = "0.3.13.post1"
+PYVERBS = "56.0rc1"
+MOONCAKE_TESTS = "tests/cpu"
+IBVERBS_DIR = "{env_tmp_dir}/ibverbs"
+
 
 @dataclass(frozen=True)
 class Env:
@@ -66,6 +75,7 @@ class Env:
     commands: tuple[str, ...]
     comment: str = ""
     skip_install: bool = False
+    set_env: tuple[str, ...] = ()  # `NAME = value` lines added to [testenv]'s
 
 
 def env_name(project: str, release: str) -> str:
@@ -123,6 +133,26 @@ def envs() -> list[Env]:
         )
     out.append(
         Env(
+            "mooncake",
+            PACKAGE
+            + TEST
+            + (TRANSFORMERS, "datasets>=4", f"vllm=={MOONCAKE_VLLM}", "speculators==0.9.0")
+            + ("hs-connectors==0.9.0", f"mooncake-transfer-engine-non-cuda=={MOONCAKE}")
+            + (f"pyverbs=={PYVERBS}",),
+            (
+                f"python {MOONCAKE_TESTS}/mooncake_store.py libibverbs {IBVERBS_DIR}",
+                f"{PYTEST} {{posargs:{MOONCAKE_TESTS}/test_mooncake_store.py}}",
+            ),
+            f"a real Mooncake store on loopback: hs-connectors' put, the trainer's get and delete "
+            f"(vLLM {MOONCAKE_VLLM}, speculators 0.9.0)",
+            set_env=(
+                f"LD_LIBRARY_PATH = {IBVERBS_DIR}:{{envsitepackagesdir}}/pyverbs.libs",
+                "SPECULATORS_HYBRID_MOONCAKE = 1",  # here the store must run: no skip
+            ),
+        )
+    )
+    out.append(
+        Env(
             "check",
             PACKAGE + TEST + ("torch", "datasets>=4"),
             (
@@ -176,6 +206,9 @@ def tox_ini() -> str:
         text += "\n" + (f"# {env.comment}\n" if env.comment else "") + f"[testenv:{env.name}]\n"
         if env.skip_install:
             text += "skip_install = true\n"
+        if env.set_env:
+            lines = ("{[testenv]set_env}", *env.set_env)
+            text += "set_env =\n" + "".join(f"    {e}\n" for e in lines)
         text += "commands =\n" + "".join(f"    {c}\n" for c in env.commands)
     return text
 
