@@ -126,7 +126,8 @@ def envs() -> list[Env]:
             "check",
             PACKAGE + TEST + ("torch", "datasets>=4", CONNECTORS),
             (
-                f"{PYTEST} {{posargs:tests/unit/test_check.py tests/unit/test_safetensors_write.py "
+                f"{PYTEST} {{posargs:tests/unit/test_check.py tests/unit/test_check_fp8.py "
+                "tests/unit/test_safetensors_write.py "
                 "tests/unit/test_host_copy.py tests/unit/test_run.py}",
             ),
             "`check`, `run`, the file writer and its copy pieces alone: torch + datasets, no vLLM, "
