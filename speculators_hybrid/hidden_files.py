@@ -116,7 +116,5 @@ def format_problems(
         problems.append(f"{SCALES} is {scale_dtype}, expected F32")
     want = [shape[0], *[1] * (len(shape) - 1)] if shape else None
     if scale_shape != want:
-        problems.append(
-            f"{SCALES} has shape {scale_shape}, expected {want} (one scale per token)"
-        )
+        problems.append(f"{SCALES} has shape {scale_shape}, expected {want} (one scale per token)")
     return problems

@@ -18,7 +18,7 @@ TOKENS, IDS, HIDDEN = 12, 4, 16
 SCALES = fp8_utils.SCALES_KEY
 
 
-def states(seed: int = 0) -> torch.Tensor:
+def states(seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(TOKENS, IDS, HIDDEN, generator=gen).to(torch.bfloat16)
 
@@ -53,7 +53,7 @@ def test_bf16_files_are_the_file_backends(tmp_path):
     assert report.ok and report.backend == "file"
 
 
-def _scales(value: float, token: int = 3) -> torch.Tensor:
+def _scales(value: float, token: int = 3):
     scales = fp8_utils.quantize_tensor_to_fp8(states())[1].clone()
     scales[token] = value
     return scales
