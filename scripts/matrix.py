@@ -47,6 +47,9 @@ PACKAGE = ("wrapt>=1.14", "packaging>=21")  # pyproject.toml's dependencies
 TEST = ("pytest>=7", "safetensors>=0.4")
 TRANSFORMERS = "transformers>=5.6"
 VERIFY = ("torch", TRANSFORMERS, "tqdm>=4.60")  # pyproject.toml's extra `verify`
+# The fp8 backend's own writer and reader code: check's and verify's fp8 tests write and read
+# files with it (torch and safetensors only)
+CONNECTORS = "hs-connectors==0.9.0"
 TOOLS = ("tox>=4.20", "tox-uv>=1.11", "wrapt>=1.14")  # .venv-tools: tox, uv, and this script
 FIND_LINKS = os.environ.get("PIP_FIND_LINKS", "/opt/wheels")
 
@@ -154,9 +157,10 @@ def envs() -> list[Env]:
     out.append(
         Env(
             "check",
-            PACKAGE + TEST + ("torch", "datasets>=4"),
+            PACKAGE + TEST + ("torch", "datasets>=4", CONNECTORS),
             (
-                f"{PYTEST} {{posargs:tests/unit/test_check.py tests/unit/test_safetensors_write.py "
+                f"{PYTEST} {{posargs:tests/unit/test_check.py tests/unit/test_check_fp8.py "
+                "tests/unit/test_safetensors_write.py "
                 "tests/unit/test_host_copy.py tests/unit/test_run.py}",
             ),
             "`check`, `run`, the file writer and its copy pieces alone: torch + datasets, no vLLM, "
@@ -166,7 +170,7 @@ def envs() -> list[Env]:
     out.append(
         Env(
             "verify",
-            PACKAGE + TEST + VERIFY,
+            PACKAGE + TEST + VERIFY + (CONNECTORS,),
             (f"{PYTEST} {{posargs:tests/verify}}",),
             "`verify` with tiny random models: torch + transformers, no vLLM",
         )

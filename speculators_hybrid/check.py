@@ -2,7 +2,12 @@
 
 The contract (vLLM's hidden-states connectors, speculators' readers): a safetensors file with
 `hidden_states` [tokens, layer ids, hidden] in a float dtype and `token_ids` int64 [tokens].
-Each file is checked for: both keys, their dtypes and ranks, `shape[0] == len(token_ids)`,
+Files of both hs-connectors backends are read: `file` (values in the model's dtype) and `fp8`
+(float8 e4m3 values with `hidden_states_scales`, one per token; the report says which backend
+wrote each file). Each file is checked for: both keys, their dtypes and ranks, `shape[0] ==
+len(token_ids)`, for fp8 the scales (present, [tokens, 1, 1], finite, positive, within
+bfloat16's range times the largest float8 value: then a value the trainer's reader scales back
+is zero, NaN or Inf exactly where its float8 byte is, so the scan reads the bytes),
 the same layer count and width as the other files, finite values, no all-zero token row,
 layer slot or (token, slot) vector (vLLM 0.24.x wrote zeros silently: speculators issue 613),
 and provenance metadata naming a known-bad writer. With `--dataset` (speculators' prepared
@@ -35,12 +40,24 @@ from typing import IO, Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from speculators_hybrid.hidden_files import HS_NAME, PATCHES_KEY, REJECTED, find_files, patch_ids
+from speculators_hybrid.hidden_files import (
+    BACKEND_KEY,
+    HS_NAME,
+    PATCHES_KEY,
+    REJECTED,
+    SCALES,
+    backend,
+    find_files,
+    format_problems,
+    patch_ids,
+)
 
 CHUNK_BYTES = 4 << 20  # rows scanned at a time: small enough to stay in the CPU's cache
 FLOAT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 EXAMPLES = 5  # token indices quoted per problem
 INSTALL_CHECK = "pip install 'speculators-hybrid[check]' (numpy, datasets)"
+BF16_MAX = 3.3895313892515355e38  # the trainer's reader scales fp8 values back in bfloat16
+FLOAT8_MAX = {"F8_E4M3": 448.0, "F8_E5M2": 57344.0}
 
 
 @dataclass(frozen=True)
@@ -75,6 +92,7 @@ class FileReport:
     n_ids: int | None = None
     hidden: int | None = None
     dtype: str | None = None
+    backend: str | None = None  # "file" or "fp8": the hs-connectors backend whose format it is
     sample: int | None = None
     metadata: dict[str, str] = field(default_factory=dict)
 
@@ -205,10 +223,51 @@ def _scan_values(tensor: Any, shape: list[int], dtype: str, report: FileReport, 
             f"{first_rows[:EXAMPLES]})",
         )
     empty_slots = [i for i, used in enumerate(slot_used.tolist()) if not used]
+    # fp8: one scale per token over every slot, so a slot far below the token's largest value
+    # rounds to zero
+    why = " (fp8 rounds a slot to zero where it is tiny beside the token's largest value)"
+    why = why if report.backend == "fp8" else ""
     if empty_slots:
-        report.error("zero_layers", f"layer slots {empty_slots} are zero for every token")
+        report.error("zero_layers", f"layer slots {empty_slots} are zero for every token{why}")
     elif zero_vectors:
-        report.error("zero_vectors", f"{zero_vectors} (token, layer slot) vectors are all zero")
+        report.error(
+            "zero_vectors", f"{zero_vectors} (token, layer slot) vectors are all zero{why}"
+        )
+
+
+def _format_ok(handle: Any, keys: set[str], states: Any, report: FileReport) -> bool:
+    """Which backend's format the file is in; for fp8, its scales as the trainer applies them.
+    False where the values cannot be read as the trainer would."""
+    import numpy as np
+
+    dtype = states.get_dtype()
+    report.backend = backend(keys, dtype)
+    scales = handle.get_slice(SCALES) if SCALES in keys else None
+    layout = (scales.get_dtype(), scales.get_shape()) if scales is not None else None
+    declared = report.metadata.get(BACKEND_KEY)
+    problems = format_problems(keys, (dtype, states.get_shape()), layout, declared)
+    for problem in problems:
+        report.error("bad_format", problem)
+    if problems or scales is None:
+        return not problems
+    values = scales.all().reshape(-1).astype(np.float64)
+    bad = ~np.isfinite(values) | (values <= 0)
+    if bad.any():
+        report.error(
+            "bad_scales",
+            f"{int(bad.sum())} scales are not finite and positive (first at tokens "
+            f"{_indices(bad, 0)})",
+        )
+        return False
+    over = values * FLOAT8_MAX[dtype] > BF16_MAX
+    if over.any():
+        report.error(
+            "bad_scales",
+            f"{int(over.sum())} scales overflow bfloat16 when applied (first at tokens "
+            f"{_indices(over, 0)})",
+        )
+        return False
+    return True
 
 
 def _match_sample(handle: Any, report: FileReport, samples: Samples) -> None:
@@ -278,13 +337,14 @@ def _inspect(handle: Any, report: FileReport, samples: Samples | None, chunk: in
             )
             return
         report.tokens, report.n_ids, report.hidden = shape
+        readable = _format_ok(handle, keys, states, report)
         if tokens is not None and shape[0] != tokens:
             report.error(
                 "length_mismatch", f"hidden_states has {shape[0]} tokens, token_ids {tokens}"
             )
         if 0 in shape:
             report.error("empty", f"hidden_states has shape {shape}")
-        elif dtype in FLOAT_BYTES:
+        elif dtype in FLOAT_BYTES and readable:
             _scan_values(states, shape, dtype, report, chunk)
     if samples is not None and tokens is not None:
         _match_sample(handle, report, samples)
@@ -366,6 +426,7 @@ def summarize(reports: list[FileReport], samples: Samples | None) -> dict[str, A
         "tokens": sum(r.tokens or 0 for r in reports),
         "shapes": dict(Counter(f"{r.n_ids}x{r.hidden}" for r in reports if r.n_ids is not None)),
         "dtypes": dict(Counter(r.dtype for r in reports if r.dtype)),
+        "backends": dict(Counter(r.backend for r in reports if r.backend)),
         "writers": dict(Counter(r.metadata.get("vllm_version", "unknown") for r in reports)),
         "problems": dict(Counter(e["code"] for r in reports for e in r.errors)),
         "warnings": dict(Counter(w["code"] for r in reports for w in r.warnings)),
@@ -392,6 +453,7 @@ def print_text(summary: dict[str, Any], reports: list[FileReport], out: IO[str])
         ("tokens", f"{summary['tokens']:,}"),
         ("layer ids x hidden", _counts(summary["shapes"])),
         ("dtype", _counts(summary["dtypes"])),
+        ("backend", _counts(summary["backends"])),
         ("written by vLLM", _counts(summary["writers"])),
         ("problems", _counts(summary["problems"])),
     ]

@@ -16,7 +16,11 @@ do not) and e = 1 - s at the worst token, a file passes when
 
     e_file <= 3 * e_floor + 1e-4     for every id
 
-(k = 3, eps = 1e-4: docs/verify.md and speculators_hybrid/verify/rule.py say why).
+(k = 3, eps = 1e-4: docs/verify.md and speculators_hybrid/verify/rule.py say why). Files of
+hs-connectors' fp8 backend (float8 values, `hidden_states_scales` per token) are read as the
+trainer reads them (values x scales, in bf16), and their floor is that low-precision forward
+stored as fp8 and read back the same way: quantisation measured on the file's own tokens. Each
+file's line and JSON say which backend's format it is in (`file` or `fp8`).
 Exit status: 0 every verified file passes, 1 some failed (each is named with why), 2 bad input.
 Needs `pip install 'speculators-hybrid[verify]'`; `--device cuda` for a 27B-class model.
 """

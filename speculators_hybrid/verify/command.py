@@ -8,6 +8,7 @@ import math
 import os
 import random
 import sys
+from collections import Counter
 from typing import IO, Any
 
 from speculators_hybrid.verify import __doc__ as DOC
@@ -102,13 +103,14 @@ def _model_ids(model: str, ids: list[int] | None) -> None:
 
 def file_line(result: Any) -> str:
     worst = result.worst()
+    written = f"{result.backend} backend, " if result.backend else ""
     if result.ok:
         return (
-            f"ok    {result.path}  {result.tokens} tokens, ids {result.layer_ids}: worst id "
-            f"{worst.layer_id} token {worst.token}: {worst.similarity:.5f} (floor "
+            f"ok    {result.path}  {written}{result.tokens} tokens, ids {result.layer_ids}: "
+            f"worst id {worst.layer_id} token {worst.token}: {worst.similarity:.5f} (floor "
             f"{worst.floor:.5f}, limit {worst.limit:.5f})"
         )
-    return f"FAIL  {result.path}  " + "; ".join(result.reasons())
+    return f"FAIL  {result.path}  {written}" + "; ".join(result.reasons())
 
 
 def summarize(results: list[Any], total: int, settings: dict[str, Any]) -> dict[str, Any]:
@@ -137,10 +139,12 @@ def summarize(results: list[Any], total: int, settings: dict[str, Any]) -> dict[
         "verified": len(results),
         "ok": len(results) - len(failed),
         "failed": len(failed),
+        "backends": dict(Counter(r.backend for r in results if r.backend)),
         "rule": {
             "k": rule.K,
             "eps": rule.EPS,
             "passes_when": "per id: 1 - s_file <= k * (1 - s_floor) + eps (worst tokens)",
+            "fp8_floor": "the floor's forward stored as fp8 and read back, as the trainer does",
         },
         "per_id": {str(i): per_id[i] for i in sorted(per_id)},
     }
@@ -162,7 +166,8 @@ def print_summary(summary: dict[str, Any], results: list[Any], out: IO[str]) -> 
         )
     print(
         f"verify: {summary['ok']} of {summary['verified']} files pass ({summary['files_found']} "
-        f"found, seed {summary['seed']}), {summary['failed']} failed",
+        f"found, seed {summary['seed']}), {summary['failed']} failed; written by backend: "
+        + (", ".join(f"{b} ({n})" for b, n in sorted(summary["backends"].items())) or "-"),
         file=out,
     )
     print_failures(results, out)

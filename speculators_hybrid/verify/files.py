@@ -11,7 +11,9 @@ from typing import Any
 import torch
 
 from speculators_hybrid.extraction import id_problems, speculators_default
-from speculators_hybrid.verify import capture, rule
+from speculators_hybrid.hidden_files import BACKEND_KEY, SCALES, backend, format_problems
+from speculators_hybrid.safetensors_file import DTYPE
+from speculators_hybrid.verify import capture, fp8, rule
 
 TRUTH = torch.float32
 DTYPES = capture.DTYPES
@@ -24,6 +26,7 @@ class FileResult:
     ids_from: str | None = None  # "--ids", "metadata" or "speculators' default"
     tokens: int | None = None
     dtype: str | None = None  # the floor's: the dtype the server is taken to have run in
+    backend: str | None = None  # "file" or "fp8": whose format the file is in
     errors: list[dict[str, str]] = field(default_factory=list)
     ids: list[rule.IdResult] = field(default_factory=list)
     seconds: float = 0.0
@@ -56,6 +59,7 @@ class FileResult:
             "ids_from": self.ids_from,
             "tokens": self.tokens,
             "dtype": self.dtype,
+            "backend": self.backend,
             "errors": self.errors,
             "per_id": [
                 {
@@ -64,6 +68,7 @@ class FileResult:
                     "similarity": finite(r.similarity),
                     "token": r.token,
                     "floor": finite(r.floor),
+                    "floor_unquantised": None if r.unquantised is None else finite(r.unquantised),
                     "limit": finite(r.limit),
                 }
                 for r in self.ids
@@ -73,7 +78,12 @@ class FileResult:
         }
 
 
+def safetensors_name(tensor: torch.Tensor) -> str:
+    return DTYPE.get(str(tensor.dtype), str(tensor.dtype))
+
+
 def finite(value: float) -> float | None:
+    """`value`, or None for NaN and Inf (JSON has neither)."""
     return value if value == value and abs(value) != float("inf") else None
 
 
@@ -150,6 +160,7 @@ class Verifier:
                     return None
                 tokens = handle.get_tensor("token_ids")
                 states = handle.get_tensor("hidden_states")
+                scales = handle.get_tensor(SCALES) if SCALES in keys else None
         except Exception as exc:  # noqa: BLE001 (truncated, not safetensors, unreadable)
             result.error("unreadable", f"{type(exc).__name__}: {exc}")
             return None
@@ -160,6 +171,18 @@ class Verifier:
         if states.dim() != 3 or not states.is_floating_point():
             result.error("bad_shape", f"hidden_states is {states.dtype} {list(states.shape)}")
             return None
+        stored = safetensors_name(states)
+        result.backend = backend(keys, stored)
+        layout = (safetensors_name(scales), list(scales.shape)) if scales is not None else None
+        problems = format_problems(
+            keys, (stored, list(states.shape)), layout, metadata.get(BACKEND_KEY)
+        )
+        for problem in problems:
+            result.error("bad_format", problem)
+        if problems:
+            return None
+        if scales is not None:  # as the trainer reads them
+            states = fp8.dequantize(states, scales)
         rows, slots, width = states.shape
         if rows != len(tokens):
             result.error(
@@ -179,7 +202,9 @@ class Verifier:
             )
         self._layer_ids(metadata, slots, result)
         name = str(states.dtype).removeprefix("torch.")
-        result.dtype = self.dtype or (name if name in capture.DTYPES else "bfloat16")
+        result.dtype = self.dtype or (
+            name if name in capture.DTYPES and scales is None else "bfloat16"
+        )
         return (states, tokens.tolist()) if not result.errors else None
 
     def verify(self, path: str | Path) -> FileResult:
@@ -193,7 +218,10 @@ class Verifier:
             try:
                 truth = capture.hidden_states(self.model, tokens, ids, TRUTH)
                 low = capture.hidden_states(self.model, tokens, ids, DTYPES[result.dtype or ""])
-                result.ids = rule.compare(states, low, truth, ids)
+                # fp8: the floor is the low-precision forward stored and read back as the
+                # writer and the trainer do (one scale per token over every slot of the file)
+                stored = fp8.round_trip(low) if result.backend == "fp8" else None
+                result.ids = rule.compare(states, low, truth, ids, stored=stored)
             except (RuntimeError, ValueError) as exc:  # out of memory, a kernel's refusal, ...
                 first = (str(exc).strip().splitlines() or [""])[0]
                 result.error("forward_failed", f"the model's forward failed: {first}")

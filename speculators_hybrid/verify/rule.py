@@ -11,7 +11,10 @@ its cosine is 1.0 while its scale is the norm's, not the residual stream's.
 
 The truth is a float32 forward of the model on the file's own tokens. The floor is the same
 model's forward in the dtype the server ran in (bf16 by default) against that truth: the error
-a correct file is allowed by precision alone. Per id, with e = 1 - (the worst token's s):
+a correct file is allowed by precision alone. A file of the fp8 backend is also quantised:
+its floor is that low-precision forward stored as fp8 and read back as the trainer reads it
+(verify/fp8.py), so the floor holds both errors, measured on the file's own tokens. Per id, with
+e = 1 - (the worst token's s):
 
     e_file <= K * e_floor + EPS
 
@@ -55,6 +58,7 @@ class IdResult:
     token: int  # where
     floor: float  # the low-precision reference's worst token against float32
     limit: float
+    unquantised: float | None = None  # fp8 files: the floor before the reference is stored
 
     @property
     def ok(self) -> bool:
@@ -75,16 +79,27 @@ def compare(
     layer_ids: list[int],
     k: float = K,
     eps: float = EPS,
+    stored: torch.Tensor | None = None,
 ) -> list[IdResult]:
-    """Per id: the file's and the floor's worst token against the truth ([tokens, ids, hidden])."""
+    """Per id: the file's and the floor's worst token against the truth ([tokens, ids, hidden]).
+    `stored`: the low-precision reference as the file's format stores it (fp8), then the floor."""
     s_file = similarity(file.to(truth.device), truth)  # [tokens, ids]
-    s_floor = similarity(low, truth)
+    s_low = similarity(low, truth)
+    s_floor = s_low if stored is None else similarity(stored, truth)
     s_file = torch.nan_to_num(s_file, nan=-float("inf"))  # NaN rows count as the worst
     results = []
     for slot, layer_id in enumerate(layer_ids):
         worst = int(s_file[:, slot].argmin())
         floor = float(s_floor[:, slot].min())
+        unquantised = None if stored is None else float(s_low[:, slot].min())
         results.append(
-            IdResult(layer_id, float(s_file[worst, slot]), worst, floor, limit(floor, k, eps))
+            IdResult(
+                layer_id,
+                float(s_file[worst, slot]),
+                worst,
+                floor,
+                limit(floor, k, eps),
+                unquantised,
+            )
         )
     return results

@@ -123,8 +123,8 @@ def test_text_output_streams_and_names_bad_files(
     assert code == 1
     lines = out.splitlines()
     assert lines[0].startswith("verify: 2 of 2 files (seed 0)")
-    assert lines[1].startswith(f"ok    {a}  20 tokens, ids [1, 4, 5, 8]: worst id")
-    assert lines[2].startswith(f"FAIL  {b}  id 8: similarity")
+    assert lines[1].startswith(f"ok    {a}  file backend, 20 tokens, ids [1, 4, 5, 8]: worst id")
+    assert lines[2].startswith(f"FAIL  {b}  file backend, id 8: similarity")
     assert "verify: 1 of 2 files pass (2 found, seed 0), 1 failed" in out
     assert f"FAILED {b}: id 8:" in out
     assert "Traceback" not in err
