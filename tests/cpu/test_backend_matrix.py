@@ -40,7 +40,7 @@ from upstream_worker import (  # noqa: F401 (cpu_copies: a fixture)
     tp_world,
 )
 
-from speculators_hybrid import backends, planning
+from speculators_hybrid import backends, check, planning
 from speculators_hybrid.vllm_patches.connector import (
     HiddenStatesMetadata,
     HybridHiddenStatesConnector,
@@ -106,6 +106,9 @@ def check_fp8_file(params: dict[str, Any], folder: Any, hidden: torch.Tensor) ->
     assert torch.equal(read["hidden_states"], fp8_expected(hidden))
     error = (read["hidden_states"].float() - hidden.float()).abs().max()
     assert 0 < error <= hidden.float().abs().max() / 8  # quantized: close, not equal
+    report = check.check_file(path)  # `check` reads it as fp8, with our provenance
+    assert report.ok and report.backend == "fp8", report.to_json()
+    assert not [w for w in report.warnings if w["code"] == "no_provenance"], report.warnings
 
 
 @pytest.mark.parametrize("chunks", [None, False], ids=["chunked-prefill", "no-chunked-prefill"])
