@@ -68,6 +68,7 @@ for _path in (ROOT / "tests" / "gpu", ROOT):  # the GPU test's tokenizer helper;
         sys.path.insert(0, str(_path))
 
 from benchmarks import engine, trace_gaps  # noqa: E402
+from speculators_hybrid import switches  # noqa: E402
 from speculators_hybrid.models import ALIASES, PRESETS, deprecation  # noqa: E402
 from speculators_hybrid.switches import (  # noqa: E402
     ASYNC_WRITES,
@@ -76,8 +77,6 @@ from speculators_hybrid.switches import (  # noqa: E402
     SAFETENSORS_SAVE,
 )
 from speculators_hybrid.switches import COPY_CHUNK_MIB as COPY_CHUNK  # noqa: E402
-from speculators_hybrid.switches import PREFILL_ONLY as PREFILL_ENV  # noqa: E402
-from speculators_hybrid.switches import WIDE_HIDDEN as WIDE_ENV  # noqa: E402
 from speculators_hybrid.versions import installed  # noqa: E402
 
 
@@ -119,9 +118,9 @@ MODES = (
 # The environment each extraction mode adds to the engine's (the opt-in switches of the plugin).
 MODE_ENV: dict[str, dict[str, str]] = {
     "extract-instep": {ASYNC_WRITES: "0"},  # files written inside the step
-    "extract-wide": {WIDE_ENV: "1"},  # vllm_patches/wide_hidden.py
-    "extract-onelayer": {WIDE_ENV: "0"},  # one-layer KV-cache groups
-    "extract-prefill-only": {PREFILL_ENV: "1"},  # no spare state block
+    "extract-wide": {switches.WIDE_HIDDEN: "1"},  # vllm_patches/wide_hidden.py
+    "extract-onelayer": {switches.WIDE_HIDDEN: "0"},  # one-layer KV-cache groups
+    "extract-prefill-only": {switches.PREFILL_ONLY: "1"},  # no spare state block
     # vLLM's accepted-count wait kept (vLLM 0.20-0.23)
     "extract-accepted-wait": {DISABLED_PATCHES: "no-accepted-count-wait-in-prefill"},
     "extract-save-file": {SAFETENSORS_SAVE: "1"},  # safetensors' save_file writes the files

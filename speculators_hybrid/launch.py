@@ -19,12 +19,12 @@ import shlex
 import sys
 from collections.abc import Mapping
 
+from speculators_hybrid import switches
 from speculators_hybrid.launcher import LaunchError, adjust, builtin, intercept, target
 from speculators_hybrid.launcher.command import Command
 from speculators_hybrid.plugin import unknown_disabled
-from speculators_hybrid.switches import PREFILL_ONLY as PREFILL_ENV
 from speculators_hybrid.versions import installed
-from speculators_hybrid.vllm_patches.writer import THREADS_ENV, writer_threads
+from speculators_hybrid.vllm_patches.writer import writer_threads
 
 PROG = "speculators-hybrid launch"
 DRY_RUN = "--dry-run"
@@ -85,8 +85,12 @@ def serving_mode(given: set[str], hybrid: bool) -> tuple[str | None, str]:
         return "1", f"prefill-only extraction ({PREFILL_ONLY}): {lean}"
     if not hybrid:
         return None, ""
-    if PREFILL_ENV in os.environ:
-        return None, f"{PREFILL_ENV}={os.environ[PREFILL_ENV]!r} kept from the environment"
+    if switches.PREFILL_ONLY in os.environ:
+        return (
+            None,
+            f"{switches.PREFILL_ONLY}={os.environ[switches.PREFILL_ONLY]!r} "
+            "kept from the environment",
+        )
     return "1", (
         f"prefill-only extraction, the default for hybrid targets (speculators' clients send "
         f"max_tokens=1): {lean}; {ALLOW_DECODE} serves others"
@@ -100,7 +104,8 @@ def plan(argv: list[str]) -> tuple[Command, bool]:
     problem = unknown_disabled()  # else only a line in vLLM's log would say it
     if problem:
         raise LaunchError(problem)
-    if THREADS_ENV in os.environ:  # else the engine core would stop on it, with a traceback
+    # else the engine core would stop on it, with a traceback
+    if switches.WRITER_THREADS in os.environ:
         try:
             writer_threads(lambda key, default: default)
         except ValueError as exc:
@@ -122,7 +127,7 @@ def plan(argv: list[str]) -> tuple[Command, bool]:
         log(note)
     value, why = serving_mode(given, tgt.hybrid)
     if value is not None:
-        cmd.env = {**(os.environ if cmd.env is None else cmd.env), PREFILL_ENV: value}
+        cmd.env = {**(os.environ if cmd.env is None else cmd.env), switches.PREFILL_ONLY: value}
     if why:
         log(why)
     return cmd, dry_run

@@ -18,7 +18,6 @@ from speculators_hybrid.extraction import layer_ids_error
 from speculators_hybrid.launcher import LaunchError
 from speculators_hybrid.launcher.command import Command
 from speculators_hybrid.launcher.target import Target, tp_error
-from speculators_hybrid.switches import ASYNC_WRITES as ASYNC_ENV
 from speculators_hybrid.vllm_patches import mamba_all_mode as all_mode
 from speculators_hybrid.vllm_patches.chunked_prompts import PATCH as CHUNKED_PROMPTS
 from speculators_hybrid.vllm_patches.hidden_read import PATCH as READ_SLOTS
@@ -108,7 +107,7 @@ def _writes_env(
     < 0.6 installed here, or the launcher is 0.5.0's, wherever its speculators is installed.
     `ours`: our connector writes them (vLLM < 0.22; 0.22-0.23 with chunked prefill)."""
     v = _version(vllm)
-    if v is None or ASYNC_ENV in env:
+    if v is None or switches.ASYNC_WRITES in env:
         return None
     try:
         reader = _version(metadata.version("speculators"))
@@ -129,13 +128,14 @@ def _writes_env(
     if not waits:
         log(
             f"{whose} reads hidden-state files without waiting for their lock: "
-            f"files written inside the engine step ({ASYNC_ENV}=0, slower than off the step: "
+            f"files written inside the engine step ({switches.ASYNC_WRITES}=0, "
+            "slower than off the step: "
             "benchmarks/results/README.md); speculators >= 0.6 waits"
         )
-        return {**env, ASYNC_ENV: "0"}
+        return {**env, switches.ASYNC_WRITES: "0"}
     log(
         "hidden-state files are written off the engine step: a reader waits on <path>.lock "
-        f"(speculators >= 0.6 does; for one that does not, set {ASYNC_ENV}=0)"
+        f"(speculators >= 0.6 does; for one that does not, set {switches.ASYNC_WRITES}=0)"
     )
     return None
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from speculators_hybrid.registry import Patch, Target
 from speculators_hybrid.vllm_patches._targets import STOCK_CONNECTOR as CONNECTOR
-from speculators_hybrid.vllm_patches.hidden_write import _store
+from speculators_hybrid.vllm_patches.hidden_write import store_with_null_padding
 
 MODELS = "vllm.model_executor.models.extract_hidden_states"
 
@@ -79,5 +79,5 @@ PAD_PATCH = Patch(
     fixed_upstream="vLLM 0.25.0 (padding slots clamped to the null block)",
     why=__doc__ or "",
     # The same code in 0.22.0-0.24.0.
-    targets=(Target(MODELS, "basic_cache", _store, ("e30f09c5488f3249",)),),
+    targets=(Target(MODELS, "basic_cache", store_with_null_padding, ("e30f09c5488f3249",)),),
 )

@@ -37,7 +37,8 @@ def store(to_cache: Any, kv_cache: Any, slot_mapping: Any) -> None:
     kv_cache[block_index(kv_cache, slots)] = to_cache
 
 
-def _store(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:
+def store_with_null_padding(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> None:
+    """In place of vLLM's `basic_cache` (here and in hidden_read.py's pad patch)."""
     store(*args, **kwargs)
 
 
@@ -60,7 +61,7 @@ PATCH = Patch(
     why=__doc__ or "",
     # Fingerprints: the same code in 0.20.0-0.20.2 and 0.21.0.
     targets=(
-        Target(MODELS, "basic_cache", _store, ("f358f62a5526500c",)),
+        Target(MODELS, "basic_cache", store_with_null_padding, ("f358f62a5526500c",)),
         Target(PROPOSER, "ExtractHiddenStatesProposer.propose", _own_slots, ("8fd89e7ab4df0b60",)),
     ),
 )

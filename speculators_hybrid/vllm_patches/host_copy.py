@@ -25,7 +25,6 @@ from speculators_hybrid import switches
 if TYPE_CHECKING:
     import torch
 
-CHUNK_ENV = switches.COPY_CHUNK_MIB
 CHUNK_MIB = 0  # measured: no gain end to end (module docstring)
 SUGGESTED_MIB = 2
 WINDOW = 2  # pieces queued at once: one copying, one ready to start
@@ -33,14 +32,15 @@ WINDOW = 2  # pieces queued at once: one copying, one ready to start
 
 def chunk_bytes() -> int:
     """Bytes a piece from the variable (MiB, 0 = whole tensors, unpaced), else 0 (unpaced)."""
-    raw = os.environ.get(CHUNK_ENV, "").strip() or str(CHUNK_MIB)
+    raw = os.environ.get(switches.COPY_CHUNK_MIB, "").strip() or str(CHUNK_MIB)
     try:
         mib = float(raw)
     except ValueError:
         mib = -1.0
     if not 0 <= mib < 1 << 20:
         raise ValueError(
-            f"{CHUNK_ENV} must be a number of MiB from 0 (unpaced) to under 1048576, got {raw!r}"
+            f"{switches.COPY_CHUNK_MIB} must be a number of MiB from 0 (unpaced) "
+            f"to under 1048576, got {raw!r}"
         )
     return int(mib * (1 << 20))
 

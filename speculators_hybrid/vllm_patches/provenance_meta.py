@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
-SAFETENSORS_SAVE_ENV = switches.SAFETENSORS_SAVE  # 1: files through save_file
-GUARD_ENV = switches.REFUSE_BAD
 GUARD_KEY = "refuse_bad_hidden_states"  # in kv_connector_extra_config
 
 
@@ -33,8 +31,8 @@ def opted_in(extra_config: Any, key: str, env: str) -> bool:
 
 
 def guard_enabled(extra_config: Any) -> bool:
-    """Opt-in: `kv_connector_extra_config[GUARD_KEY]` or the `GUARD_ENV` variable."""
-    return opted_in(extra_config, GUARD_KEY, GUARD_ENV)
+    """Opt-in: `kv_connector_extra_config[GUARD_KEY]` or SPECULATORS_HYBRID_REFUSE_BAD."""
+    return opted_in(extra_config, GUARD_KEY, switches.REFUSE_BAD)
 
 
 def bad_rows(hidden: torch.Tensor) -> str | None:
@@ -92,8 +90,9 @@ def save_whole(
     Aside is a folder of its own, `<path>.<pid>.part/`, next to `path` (one filesystem, so the
     rename is atomic): whatever the writer leaves there goes with the folder, here on failure,
     or by `file_names.sweep` at the next start if the process was killed. The bytes go out
-    through `safetensors_file.write` (the GIL free while they do); `SAFETENSORS_SAVE_ENV=1`
-    uses safetensors' own `save_file` instead (which writes its own `.tmpXXXXXX` first).
+    through `safetensors_file.write` (the GIL free while they do);
+    SPECULATORS_HYBRID_SAFETENSORS_SAVE=1 uses safetensors' own `save_file` instead (which
+    writes its own `.tmpXXXXXX` first).
     """
     import shutil
 
@@ -106,7 +105,7 @@ def save_whole(
         os.makedirs(aside, exist_ok=True)
     inner = os.path.join(aside, "data")
     try:
-        if switches.on(SAFETENSORS_SAVE_ENV):
+        if switches.on(switches.SAFETENSORS_SAVE):
             from safetensors.torch import save_file
 
             save_file(tensors, inner, metadata=metadata)

@@ -38,7 +38,6 @@ from speculators_hybrid.registry import Patch, Target, argument
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
-WIDE_ENV = switches.WIDE_HIDDEN
 SLICE = "speculators_hybrid_slice"  # attribute of each cache-only layer: (j, W)
 WIDTH = "_speculators_hybrid_width"  # attribute of a widened ExtractHiddenStatesModel
 
@@ -49,9 +48,9 @@ PROPOSER = "vllm.v1.spec_decode.extract_hidden_states"
 def enabled(vllm_config: Any) -> bool:
     """W layers for this engine: as `SPECULATORS_HYBRID_WIDE_HIDDEN` says where set, else
     where prefix caching is off."""
-    if switches.on(WIDE_ENV):
+    if switches.on(switches.WIDE_HIDDEN):
         return True
-    if switches.off(WIDE_ENV):
+    if switches.off(switches.WIDE_HIDDEN):
         return False
     cache = getattr(vllm_config, "cache_config", None)
     return not getattr(cache, "enable_prefix_caching", False)
@@ -146,7 +145,7 @@ def widen(model: Any, vllm_config: Any, width: int) -> None:
         width,
         one.num_heads,
         size,
-        WIDE_ENV,
+        switches.WIDE_HIDDEN,
     )
 
 

@@ -29,35 +29,34 @@ from speculators_hybrid.hidden_files import REJECTED, leave_marker
 from speculators_hybrid.vllm_patches import host_copy
 from speculators_hybrid.vllm_patches.provenance_meta import save_whole
 
-if TYPE_CHECKING:  # importable without torch: the launcher reads ASYNC_ENV
+if TYPE_CHECKING:  # importable without torch: the launcher reads its settings
     import torch
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
-ASYNC_ENV = switches.ASYNC_WRITES
 ASYNC_KEY = "async_writes"  # in kv_connector_extra_config
-THREADS_ENV = switches.WRITER_THREADS
 THREADS_KEY = "num_writer_threads"  # in kv_connector_extra_config (vLLM >= 0.22's own key)
 THREADS = 8  # as vLLM >= 0.22's writer: the last step's files are written side by side
 
 
 def async_enabled(extra_config: Any) -> bool:
     """On unless `async_writes` is false in the extra config or the variable is 0/false/no."""
-    if switches.off(ASYNC_ENV):
+    if switches.off(switches.ASYNC_WRITES):
         return False
     return str(extra_config(ASYNC_KEY, True)).strip().lower() not in switches.OFF
 
 
 def writer_threads(extra_config: Any) -> int:
     """Writer threads: the variable, else `num_writer_threads` in the extra config, else 8."""
-    raw = os.environ.get(THREADS_ENV) or extra_config(THREADS_KEY, THREADS)
+    raw = os.environ.get(switches.WRITER_THREADS) or extra_config(THREADS_KEY, THREADS)
     try:
         threads = int(raw)
     except (TypeError, ValueError):
         threads = 0
     if threads < 1:
         raise ValueError(
-            f"{THREADS_ENV} / kv_connector_extra_config['{THREADS_KEY}'] must be a whole number "
+            f"{switches.WRITER_THREADS} / kv_connector_extra_config['{THREADS_KEY}'] "
+            "must be a whole number "
             f">= 1, got {raw!r}"
         )
     return threads

@@ -14,7 +14,7 @@ from conftest import engine_config, needs
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from speculators_hybrid import planning
+from speculators_hybrid import planning, switches
 from speculators_hybrid.vllm_patches import writer
 from speculators_hybrid.vllm_patches.connector import (
     HiddenStatesMetadata,
@@ -170,9 +170,9 @@ def test_async_writes_return_first_and_readers_wait_for_whole_files(shim, tmp_pa
     ],
 )
 def test_writes_are_off_the_step_by_default(shim, tmp_path, monkeypatch, setting, off_the_step):
-    monkeypatch.delenv(writer.ASYNC_ENV, raising=False)
+    monkeypatch.delenv(switches.ASYNC_WRITES, raising=False)
     if "env" in setting:
-        monkeypatch.setenv(writer.ASYNC_ENV, setting["env"])
+        monkeypatch.setenv(switches.ASYNC_WRITES, setting["env"])
     extra: dict = {}
     if "extra" in setting:
         extra["async_writes"] = setting["extra"]
@@ -189,9 +189,9 @@ def test_writes_are_off_the_step_by_default(shim, tmp_path, monkeypatch, setting
 )
 def test_files_are_written_side_by_side(shim, tmp_path, monkeypatch, extra, env, side_by_side):
     """As many files are written at once as there are writer threads (8 unless set)."""
-    monkeypatch.delenv(writer.THREADS_ENV, raising=False)
+    monkeypatch.delenv(switches.WRITER_THREADS, raising=False)
     if env is not None:
-        monkeypatch.setenv(writer.THREADS_ENV, env)
+        monkeypatch.setenv(switches.WRITER_THREADS, env)
     connector, name, cache = async_connector(tmp_path, **extra)
     release, inside, lock = threading.Event(), [], threading.Lock()
     real = writer.save_whole
@@ -221,7 +221,7 @@ def test_files_are_written_side_by_side(shim, tmp_path, monkeypatch, extra, env,
 
 @pytest.mark.parametrize("bad", ["0", "many", "-1"])
 def test_a_bad_writer_thread_count_is_refused(shim, tmp_path, monkeypatch, bad):
-    monkeypatch.setenv(writer.THREADS_ENV, bad)
+    monkeypatch.setenv(switches.WRITER_THREADS, bad)
     with pytest.raises(ValueError, match=f"whole number >= 1, got '{bad}'"):
         async_connector(tmp_path)
 

@@ -22,6 +22,7 @@ from conftest import needs
 from safetensors.torch import load_file
 from test_connector_worker import async_connector  # a worker-side connector on a CPU cache
 
+from speculators_hybrid import switches
 from speculators_hybrid.vllm_patches import provenance_meta, writer
 from speculators_hybrid.vllm_patches.connector import HiddenStatesMetadata, SaveRequest, slots_for
 
@@ -119,7 +120,7 @@ def test_off_the_step_a_reader_that_waits_gets_the_whole_file(shim, tmp_path, sl
 
 
 def test_in_the_step_the_file_is_whole_when_the_step_returns(shim, tmp_path, monkeypatch):
-    monkeypatch.setenv(writer.ASYNC_ENV, "0")  # what `launch` sets for speculators 0.5.0
+    monkeypatch.setenv(switches.ASYNC_WRITES, "0")  # what `launch` sets for speculators 0.5.0
     made, name, cache = async_connector(tmp_path)
     assert made._writer is None
     path = str(tmp_path / "r.safetensors")

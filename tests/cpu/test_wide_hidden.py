@@ -20,7 +20,7 @@ from conftest import PATCHER, model_dir, needs, vllm_patches
 from safetensors.torch import load_file
 from upstream_worker import runner_views
 
-from speculators_hybrid import planning
+from speculators_hybrid import planning, switches
 from speculators_hybrid.registry import Patcher, PatchError
 from speculators_hybrid.vllm_patches import wide_hidden
 from speculators_hybrid.vllm_patches.connector import (
@@ -42,7 +42,7 @@ GIB20 = 20 << 30
 
 @pytest.fixture
 def wide(shim, monkeypatch):
-    monkeypatch.setenv(wide_hidden.WIDE_ENV, "1")
+    monkeypatch.setenv(switches.WIDE_HIDDEN, "1")
 
 
 @cache
@@ -132,9 +132,9 @@ def describe(kv) -> list[tuple[str, int, int]]:
 
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["no-prefix-cache", "prefix-cache"])
 def test_the_hidden_group_is_as_wide_as_the_models(monkeypatch, shim, prefix_caching):
-    monkeypatch.setenv(wide_hidden.WIDE_ENV, "0")
+    monkeypatch.setenv(switches.WIDE_HIDDEN, "0")
     config, today, _ = plan(prefix_caching)
-    monkeypatch.setenv(wide_hidden.WIDE_ENV, "1")
+    monkeypatch.setenv(switches.WIDE_HIDDEN, "1")
     config, kv, model = plan(prefix_caching)
     print(f"prefix {prefix_caching}: today {describe(today)[-1]} x{len(today.kv_cache_groups)}")
     print(f"  {kv_tokens(config, today):,} KV tokens, {today.num_blocks} blocks")
@@ -190,9 +190,9 @@ def test_wide_by_default_where_prefix_caching_is_off(
     layer with it on (W-page blocks would cost 14.8% of the KV tokens); the variable decides
     where set."""
     if value is None:
-        monkeypatch.delenv(wide_hidden.WIDE_ENV, raising=False)
+        monkeypatch.delenv(switches.WIDE_HIDDEN, raising=False)
     else:
-        monkeypatch.setenv(wide_hidden.WIDE_ENV, value)
+        monkeypatch.setenv(switches.WIDE_HIDDEN, value)
     config, kv, model = plan(prefix_caching)
     assert len(kv.kv_cache_groups) == groups
     assert len(model.cache_only_layers) == (16 if groups == 5 else 1)
@@ -201,7 +201,7 @@ def test_wide_by_default_where_prefix_caching_is_off(
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["no-prefix-cache", "prefix-cache"])
 def test_doctor_plans_the_engines_layout(monkeypatch, shim, prefix_caching):
     """`planning.layer_specs(wide=True)` (doctor's plan) = the plan of the real model's layers."""
-    monkeypatch.delenv(wide_hidden.WIDE_ENV, raising=False)
+    monkeypatch.delenv(switches.WIDE_HIDDEN, raising=False)
     config, engine, _ = plan(prefix_caching)
     doctor_config = config_for(prefix_caching=prefix_caching)
     doctor = planning.plan(doctor_config, planning.layer_specs(doctor_config, wide=True), GIB20)

@@ -7,6 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from speculators_hybrid import switches  # noqa: E402
 from speculators_hybrid.vllm_patches import host_copy  # noqa: E402
 
 
@@ -70,14 +71,16 @@ def test_the_window_waits_for_the_piece_queued_two_before():
 )
 def test_chunk_size_from_the_variable(monkeypatch, value, expected):
     if value is None:
-        monkeypatch.delenv(host_copy.CHUNK_ENV, raising=False)
+        monkeypatch.delenv(switches.COPY_CHUNK_MIB, raising=False)
     else:
-        monkeypatch.setenv(host_copy.CHUNK_ENV, value)
+        monkeypatch.setenv(switches.COPY_CHUNK_MIB, value)
     assert host_copy.chunk_bytes() == expected
 
 
 @pytest.mark.parametrize("value", ["-1", "four", "nan", "inf", "1048576"])
 def test_a_bad_chunk_size_says_what_to_set(monkeypatch, value):
-    monkeypatch.setenv(host_copy.CHUNK_ENV, value)
-    with pytest.raises(ValueError, match=f"{host_copy.CHUNK_ENV} must be a number of MiB from 0"):
+    monkeypatch.setenv(switches.COPY_CHUNK_MIB, value)
+    with pytest.raises(
+        ValueError, match=f"{switches.COPY_CHUNK_MIB} must be a number of MiB from 0"
+    ):
         host_copy.chunk_bytes()

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launchers"))
 from launch_support import GENERATIONS, models  # noqa: E402
 
-from speculators_hybrid import launch  # noqa: E402
+from speculators_hybrid import launch, switches  # noqa: E402
 from speculators_hybrid.launcher import builtin, intercept  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using custom target layer ids")  # main's
@@ -138,7 +138,7 @@ def test_an_abbreviated_launcher_option_is_refused(targets, capsys):
 
 def serving_env(argv: list[str]) -> str | None:
     cmd, _ = launch.plan(argv)
-    return (cmd.env or {}).get(launch.PREFILL_ENV)
+    return (cmd.env or {}).get(switches.PREFILL_ONLY)
 
 
 @pytest.mark.parametrize("source", ["builtin", "main"])
@@ -146,7 +146,7 @@ def test_a_hybrid_server_extracts_prompts_only_unless_told(source, targets, monk
     """SPECULATORS_HYBRID_PREFILL_ONLY for vLLM: 1 for a hybrid target by default and with
     --prefill-only (any target), 0 with --allow-decode; neither flag reaches a launcher, and
     after `--` they are vLLM's (unknown there: left alone)."""
-    monkeypatch.delenv(launch.PREFILL_ENV, raising=False)
+    monkeypatch.delenv(switches.PREFILL_ONLY, raising=False)
     first = ["--launcher", str(GENERATIONS["main"])] if source == "main" else []
     hybrid, plain = str(targets["hybrid-mm"]), str(targets["plain"])
     assert serving_env([*first, hybrid]) == "1"
@@ -160,7 +160,7 @@ def test_a_hybrid_server_extracts_prompts_only_unless_told(source, targets, monk
         assert not {"--prefill-only", "--allow-decode"} & set(cmd.argv)
     after, _ = launch.plan([*first, plain, "--", "--prefill-only", "--allow-decode"])
     assert after.argv[-2:] == ["--prefill-only", "--allow-decode"]
-    assert (after.env or {}).get(launch.PREFILL_ENV) is None
+    assert (after.env or {}).get(switches.PREFILL_ONLY) is None
 
 
 def test_the_two_serving_modes_together_are_refused(targets, capsys):
@@ -171,20 +171,19 @@ def test_the_two_serving_modes_together_are_refused(targets, capsys):
 
 @pytest.mark.parametrize("value", ["0", "1"])
 def test_the_users_own_switch_is_kept(value, targets, monkeypatch, capsys):
-    monkeypatch.setenv(launch.PREFILL_ENV, value)
+    monkeypatch.setenv(switches.PREFILL_ONLY, value)
     cmd, _ = launch.plan([str(targets["hybrid-mm"])])
-    assert (cmd.env or dict(os.environ))[launch.PREFILL_ENV] == value
+    assert (cmd.env or dict(os.environ))[switches.PREFILL_ONLY] == value
     assert "kept from the environment" in capsys.readouterr().err
 
 
 def test_a_bad_writer_thread_count_is_refused_before_vllm_starts(targets, monkeypatch, capsys):
-    from speculators_hybrid.vllm_patches import writer
 
-    monkeypatch.setenv(writer.THREADS_ENV, "eight")
+    monkeypatch.setenv(switches.WRITER_THREADS, "eight")
     assert launch.main([str(targets["hybrid-mm"]), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "must be a whole number >= 1, got 'eight'" in err
-    monkeypatch.setenv(writer.THREADS_ENV, "16")
+    monkeypatch.setenv(switches.WRITER_THREADS, "16")
     assert launch.main([str(targets["hybrid-mm"]), "--dry-run"]) == 0
 
 

@@ -13,7 +13,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launchers"))
 from launch_support import FORCES_NO_CHUNKED, GENERATIONS, env, models, record, run  # noqa: E402
 
-from speculators_hybrid import launch  # noqa: E402
+from speculators_hybrid import (
+    launch,  # noqa: E402
+    switches,  # noqa: E402
+)
 
 WRAPPER = ["-m", "speculators_hybrid.launch"]
 SOURCES = ["builtin", *GENERATIONS]
@@ -106,7 +109,7 @@ def test_the_dry_run_line_starts_what_launch_starts(source, name, targets, tmp_p
     hybrid = name != "plain"
     assert line.startswith("env ") == hybrid  # plain: the launcher's command as it is
     assert real["env"]["VLLM_PLUGINS"] == ("other,speculators_hybrid" if hybrid else "other")
-    assert real["env"].get(launch.PREFILL_ENV) == ("1" if hybrid else None)
+    assert real["env"].get(switches.PREFILL_ONLY) == ("1" if hybrid else None)
 
 
 def test_the_dry_run_line_unsets_what_the_launcher_drops(tmp_path):

@@ -14,7 +14,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launchers"))
 from launch_support import FORCES_NO_CHUNKED, GENERATIONS, models  # noqa: E402
 
-from speculators_hybrid import launch  # noqa: E402
+from speculators_hybrid import (
+    launch,  # noqa: E402
+    switches,  # noqa: E402
+)
 from speculators_hybrid.extraction import layer_ids_error  # noqa: E402
 from speculators_hybrid.launcher import adjust, intercept  # noqa: E402
 
@@ -59,7 +62,7 @@ def targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     monkeypatch.delenv("SPECULATORS_HYBRID_DISABLE", raising=False)
-    monkeypatch.delenv(launch.PREFILL_ENV, raising=False)
+    monkeypatch.delenv(switches.PREFILL_ONLY, raising=False)
     vllm("0.33.0", monkeypatch)  # the same answers whichever vLLM this env has
 
 
@@ -92,7 +95,7 @@ def test_hybrid_text_target(source, targets, capsys):
     cmd, _ = launch.plan(with_launcher(source, [str(model), "--", "--enforce-eager"]))
     assert cmd.argv == stock("main", model, [2, 4, 5, 8], ["--enforce-eager"])
     assert "--language-model-only" not in cmd.argv
-    assert added(cmd) == {launch.PREFILL_ENV: "1"}  # prefill-only: a hybrid's default
+    assert added(cmd) == {switches.PREFILL_ONLY: "1"}  # prefill-only: a hybrid's default
     err = capsys.readouterr().err
     assert ("removed --no-enable-chunked-prefill" in err) == (source in FORCES_NO_CHUNKED)
 
@@ -185,7 +188,7 @@ def test_dry_run_prints_the_final_command_only(source, name, flag, targets, caps
     if name == "hybrid-mm":
         expected.append("--language-model-only")
     if name != "plain":  # the environment launch gives vLLM, as `env NAME=VALUE` words
-        expected = ["env", f"{launch.PREFILL_ENV}=1", *expected]
+        expected = ["env", f"{switches.PREFILL_ONLY}=1", *expected]
     assert out == f"{launch.DRY_RUN_BANNER}\n{shlex.join(expected)}\n"
 
 
@@ -361,14 +364,14 @@ def test_files_are_written_where_the_reader_can_see_them(
     vllm_version, speculators, user, expected, said, targets, monkeypatch, tmp_path, capsys
 ):
     vllm(vllm_version, monkeypatch)
-    monkeypatch.delenv(adjust.ASYNC_ENV, raising=False)
+    monkeypatch.delenv(switches.ASYNC_WRITES, raising=False)
     if user is not None:
-        monkeypatch.setenv(adjust.ASYNC_ENV, user)
+        monkeypatch.setenv(switches.ASYNC_WRITES, user)
     if speculators is not None:
         installed_speculators(speculators, monkeypatch, tmp_path)
     cmd, _ = launch.plan([str(targets["hybrid-text"])])
     env = cmd.env if cmd.env is not None else dict(os.environ)
-    assert env.get(adjust.ASYNC_ENV) == expected
+    assert env.get(switches.ASYNC_WRITES) == expected
     err = capsys.readouterr().err
     assert (said in err) if said else ("hidden-state files" not in err)
 
@@ -399,7 +402,13 @@ def test_a_launchers_generation_is_told_by_its_cli(source, targets):
         ("main", [], None, None, "written off the engine step"),
         ("builtin", [], None, None, "written off the engine step"),
         # cannot tell 0.5 from 0.6: the line says what to pass
-        ("0.5.0", ["--", "--no-enable-chunked-prefill"], None, None, f"set {adjust.ASYNC_ENV}=0"),
+        (
+            "0.5.0",
+            ["--", "--no-enable-chunked-prefill"],
+            None,
+            None,
+            f"set {switches.ASYNC_WRITES}=0",
+        ),
     ],
 )
 def test_a_050_launcher_gets_in_step_writes_wherever_speculators_is_installed(
@@ -408,10 +417,10 @@ def test_a_050_launcher_gets_in_step_writes_wherever_speculators_is_installed(
     """The recipe's two virtualenvs: speculators (and its 0.5.0 client) lives in the trainer's,
     not here; speculators' own 0.5.0 launcher tells `launch` which client reads the files."""
     vllm("0.20.1", monkeypatch)
-    monkeypatch.delenv(adjust.ASYNC_ENV, raising=False)
+    monkeypatch.delenv(switches.ASYNC_WRITES, raising=False)
     if speculators is not None:
         installed_speculators(speculators, monkeypatch, tmp_path)
     cmd, _ = launch.plan(with_launcher(source, [str(targets["hybrid-text"]), *extra]))
     env = cmd.env if cmd.env is not None else dict(os.environ)
-    assert env.get(adjust.ASYNC_ENV) == expected
+    assert env.get(switches.ASYNC_WRITES) == expected
     assert said in capsys.readouterr().err

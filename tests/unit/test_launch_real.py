@@ -16,9 +16,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launchers"))
 from launch_support import GENERATIONS, models  # noqa: E402
 
-from speculators_hybrid import launch  # noqa: E402
+from speculators_hybrid import (
+    launch,  # noqa: E402
+    switches,  # noqa: E402
+)
 from speculators_hybrid.launcher import intercept  # noqa: E402
-from speculators_hybrid.vllm_patches.writer import ASYNC_ENV  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using custom target layer ids")
 
@@ -60,7 +62,7 @@ def test_real_launcher_matches_its_double(real, name, args, targets, monkeypatch
     if name != "plain":  # the built-in gives what any launcher gives after our adjustments
         builtin = launch.plan(argv)
         if release(real) == "0.5.0":  # but 0.5.0's client reads files without a wait
-            assert ours[0].env is not None and ours[0].env.pop(ASYNC_ENV) == "0"
+            assert ours[0].env is not None and ours[0].env.pop(switches.ASYNC_WRITES) == "0"
             assert ours[0].argv == builtin[0].argv
             ours = (replace(ours[0], env=builtin[0].env), ours[1])
         assert ours == builtin
