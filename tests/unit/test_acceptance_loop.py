@@ -49,7 +49,8 @@ http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()" ;;
     save=$(value --save-path "$@"); mkdir -p "$save/1"
     printf '{"off": "%s", "from": "%s %s %s", "rope_parameters": {"mrope_section": [1, 1]}}' \
       "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" "$(value --on-missing "$@")" \
-      "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" > "$save/1/config.json" ;;
+      "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" \
+      > "$save/1/config.json" ;;
   *accept.py*)
     out="${!#}"
     case $args in *"--method dflash"*) case $args in *dflash-1d*) ;; *) exit 1;; esac;; esac
