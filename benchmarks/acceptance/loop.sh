@@ -12,9 +12,13 @@
 #      by side by `speculators train --on-missing generate` through `speculators-hybrid run`
 #      ($STEPS steps, at most $EPOCHS epochs), and with ABLATE=1 (default) a third, the same
 #      EAGLE-3 with the plugin's verifier-norm patch disabled (SPECULATORS_HYBRID_DISABLED_PATCHES);
+#      with REFERENCE=1 (default), beside them: hf_states.py writes transformers' float32 states
+#      for the same prepared samples (and a row-shuffled copy, the control), then the same EAGLE-3
+#      is trained offline from each (`--hidden-states-path DIR --on-missing raise`);
 #   3. the server stopped, accept.py for the target alone and each drafter (k=3), one engine at a
 #      time; DFlash from a copy of its config without M-RoPE only if the as-trained one fails;
-#      the EAGLE-3 on stock vLLM (plugin off); then target and EAGLE-3 with CUDA graphs.
+#      then the two offline-trained EAGLE-3s; the EAGLE-3 on stock vLLM (plugin off); then target
+#      and EAGLE-3 with CUDA graphs.
 # Each phase's JSON lands in $ACC/results, which poll copies to $OUT/acc.
 set -uo pipefail
 ACC=${ACC:-/tmp/stash/acc}
@@ -42,19 +46,34 @@ wait_ready() {
   return 1
 }
 
-train_one() {  # name speculator-type extra-args...
+train_one() {  # name speculator-type extra-args...; from the folder $HS offline if set
   local name=$1 kind=$2; shift 2
+  local source=(--on-missing generate --vllm-endpoint "http://127.0.0.1:$PORT/v1")
+  [ -n "${HS:-}" ] && source=(--hidden-states-path "$HS" --on-missing raise)
   rm -rf "$ACC/train-$name"; mkdir -p "$ACC/train-$name"
   TORCHDYNAMO_DISABLE=${TRAIN_EAGER-1} timeout 900 \
     bash $RUNNER run python3 -m speculators_hybrid.cli run -- \
     python3 -m speculators train --speculator-type "$kind" --verifier-name-or-path "$ACC/target" \
     --data-path "$ACC/data" --save-path "$ACC/train-$name" --log-dir "$ACC/train-$name/logs" \
-    --on-missing generate --vllm-endpoint "http://127.0.0.1:$PORT/v1" --target-layer-ids 2 4 5 \
+    "${source[@]}" --target-layer-ids 2 4 5 \
     --total-seq-len 4096 --seed "${SEED:-0}" --max-steps "$STEPS" --epochs "$EPOCHS" --lr 1e-3 \
     --scheduler-type cosine --scheduler-warmup-steps 50 --train-data-ratio 0.98 --num-workers 4 \
     --log-freq 10 "$@" > "$ACC/logs/train-$name.log" 2>&1
   local rc=$?
   say "train $name: exit $rc, $(grep -c 'global_step\|loss' "$ACC/logs/train-$name.log") log lines"
+}
+
+reference() {  # transformers' states for the prepared samples, then EAGLE-3 trained from them
+  say "hf-states: computing"
+  rm -rf "$ACC/hs-hf32" "$ACC/hs-shuffled"
+  timeout 600 bash $RUNNER run python3 "$ACC/code/benchmarks/acceptance/hf_states.py" \
+    "$ACC/target" "$ACC/data" "$ACC/hs-hf32" --target-layer-ids 2 4 5 \
+    --shuffled-copy "$ACC/hs-shuffled" --report "$ACC/results/hf_states.json" \
+    > "$ACC/logs/hf-states.log" 2>&1 || { say "hf-states: FAILED"; return 1; }
+  say "hf-states: done"
+  HS="$ACC/hs-hf32" train_one eagle3-hf32 eagle3 --num-layers 1 & local hf32=$!
+  HS="$ACC/hs-shuffled" train_one eagle3-shuffled eagle3 --num-layers 1 & local shuffled=$!
+  wait "$hf32" "$shuffled"
 }
 
 phase_train() {
@@ -84,6 +103,7 @@ phase_train() {
     SPECULATORS_HYBRID_DISABLED_PATCHES=verifier-norm-eagle3 \
       train_one eagle3-nonorm eagle3 --num-layers 1 & trainers+=($!)
   fi
+  [ "${REFERENCE:-1}" = 1 ] && { reference & trainers+=($!); }
   wait "${trainers[@]}"
   grep -c '"POST /v1/completions HTTP/1.1" 200' "$ACC/logs/server.log" > "$ACC/results/requests_200.txt"
   kill -- -"$server" 2>/dev/null; sleep 5
@@ -107,6 +127,8 @@ phase_accept() {
   local eagle; eagle=$(latest "$ACC/train-eagle3")
   local dflash; dflash=$(latest "$ACC/train-dflash")
   local nonorm; nonorm=$(latest "$ACC/train-eagle3-nonorm")
+  local hf32; hf32=$(latest "$ACC/train-eagle3-hf32")
+  local shuffled; shuffled=$(latest "$ACC/train-eagle3-shuffled")
   [ -f "$ACC/results/accept-target.json" ] || accept target $a $args
   [ -n "$eagle" ] && accept eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
   if [ -n "$dflash" ] && ! accept dflash $a --drafter "$dflash" --method dflash --k 3 $args; then
@@ -125,6 +147,8 @@ EOF
     accept dflash-1d $a --drafter "$ACC/dflash-1d" --method dflash --k 3 $args
   fi
   [ -n "$nonorm" ] && accept eagle3-nonorm $a --drafter "$nonorm" --method eagle3 --k 3 $args
+  [ -n "$hf32" ] && accept eagle3-hf32 $a --drafter "$hf32" --method eagle3 --k 3 $args
+  [ -n "$shuffled" ] && accept eagle3-shuffled $a --drafter "$shuffled" --method eagle3 --k 3 $args
   [ -n "$eagle" ] && accept eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
   local g="bash $RUNNER run python3 $ACC/code/benchmarks/acceptance/accept.py"
   accept target-graphs $g $args

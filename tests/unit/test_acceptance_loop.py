@@ -4,7 +4,8 @@ The loop runs on the GPU machine, where a wait that never returns costs the sess
 time; here each command it runs is answered by a small script (RUNNER): the target, a server that
 answers /health until it is stopped, prepare-data, the trainers, accept.py. The loop must end on
 its own, stop the server, train the ablation with the verifier-norm patch off, and serve DFlash
-from a 1-D copy only when the as-trained one fails.
+from a 1-D copy only when the as-trained one fails; with REFERENCE=1 (the default), write the
+reference states after prepare-data and train two more EAGLE-3s offline from them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 import socket
 import subprocess
 from pathlib import Path
+
+import pytest
 
 LOOP = Path(__file__).resolve().parents[2] / "benchmarks" / "acceptance" / "loop.sh"
 
@@ -39,10 +42,15 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()" ;;
   *prepare-data*) mkdir -p "$(value --output "$@")" ;;
+  *hf_states.py*)  # TARGET DATA OUT: after prepare-data
+    [ -d "$4" ] || { echo "stub: no prepared data at $4" >&2; exit 1; }
+    mkdir -p "$5" "$(value --shuffled-copy "$@")"; echo '{}' > "$(value --report "$@")" ;;
   *"speculators train"*)
     save=$(value --save-path "$@"); mkdir -p "$save/1"
-    printf '{"off": "%s", "rope_parameters": {"mrope_section": [1, 1]}}' \
-      "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" > "$save/1/config.json" ;;
+    printf '{"off": "%s", "from": "%s %s %s", "rope_parameters": {"mrope_section": [1, 1]}}' \
+      "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" "$(value --on-missing "$@")" \
+      "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" \
+      > "$save/1/config.json" ;;
   *accept.py*)
     out="${!#}"
     case $args in *"--method dflash"*) case $args in *dflash-1d*) ;; *) exit 1;; esac;; esac
@@ -58,7 +66,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_loop_ends_stops_its_server_and_runs_every_phase(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reference", ["1", "0"])
+def test_loop_ends_stops_its_server_and_runs_every_phase(tmp_path: Path, reference: str) -> None:
     acc, stub = tmp_path / "acc", tmp_path / "stub"
     for d in (acc / "code", acc / "logs", acc / "results", stub):
         d.mkdir(parents=True)
@@ -66,6 +75,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(tmp_path: Path) -> None
     runner.write_text(RUNNER)
     env = {**os.environ, "ACC": str(acc), "RUNNER": str(runner), "STUB": str(stub)}
     env |= {"PORT": str(free_port()), "TARGET_S": "1", "CHATS": "2", "STEPS": "1"}
+    env |= {"REFERENCE": reference}
     left_running = False
     try:
         done = subprocess.run(
@@ -83,11 +93,26 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(tmp_path: Path) -> None
     assert not left_running, "the loop left its training server running"
     assert "train eagle3-nonorm: exit 0" in status and "accept eagle3-graphs: exit 0" in status
 
-    trained = {
-        name: json.loads((acc / f"train-{name}" / "1" / "config.json").read_text())["off"]
-        for name in ("eagle3", "dflash", "eagle3-nonorm")
+    offline = ("eagle3-hf32", "eagle3-shuffled") if reference == "1" else ()
+    configs = {
+        name: json.loads(path.read_text())
+        for name in ("eagle3", "dflash", "eagle3-nonorm", *offline, "eagle3-hf32")
+        if (path := acc / f"train-{name}" / "1" / "config.json").exists()
     }
-    assert trained == {"eagle3": "", "dflash": "", "eagle3-nonorm": "verifier-norm-eagle3"}
+    assert {name: c["off"] for name, c in configs.items()} == {
+        "eagle3": "",
+        "dflash": "",
+        "eagle3-nonorm": "verifier-norm-eagle3",
+        **{name: "" for name in offline},
+    }
+    online = f"generate  http://127.0.0.1:{env['PORT']}/v1"
+    assert {configs[n]["from"] for n in ("eagle3", "dflash", "eagle3-nonorm")} == {online}
+    if offline:  # from the reference folders, never from the server
+        assert configs["eagle3-hf32"]["from"] == f"raise {acc}/hs-hf32 "
+        assert configs["eagle3-shuffled"]["from"] == f"raise {acc}/hs-shuffled "
+        assert status.index("prepare-data: done") < status.index("hf-states: computing")
+        assert status.index("hf-states: done") < status.index("train eagle3-hf32: exit 0")
+        assert (acc / "results" / "hf_states.json").exists()
 
     results = {p.name for p in (acc / "results").glob("accept-*.json")}
     assert results == {
@@ -97,6 +122,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(tmp_path: Path) -> None
             "eagle3",
             "dflash-1d",
             "eagle3-nonorm",
+            *offline,
             "eagle3-stock",
             "target-graphs",
             "eagle3-graphs",

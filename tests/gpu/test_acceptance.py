@@ -1,0 +1,116 @@
+"""Acceptance floors a broken pipeline cannot reach, read from the acceptance loop's results.
+
+benchmarks/acceptance/loop.sh (with REFERENCE=1, its default) trains, on the stdlib-tiny target,
+EAGLE-3 through the plugin, the same EAGLE-3 with the verifier-norm patch off, DFlash, and two
+EAGLE-3s offline from transformers' states: float32 (the reference) and the same states with each
+file's rows shuffled (a drafter that learned nothing about the tokens); accept.py serves each
+and writes `accept-<name>.json`. This test reads that folder (`ACCEPTANCE_RESULTS`: the loop's
+`results`, e.g. unpacked from `acc.tgz`) and needs no GPU itself.
+
+Floors, at k = 3, from the runs so far (benchmarks/acceptance/README.md): EAGLE-3 served 0.294 at
+position 0 after 250 steps (its validation said 0.438), and its validation said 0.649 after 890
+steps, so served it should be near 0.4. The shuffled-states drafter sees hidden states of other
+positions of the same sample (aux and last states permuted together, and EAGLE-3 pairs the aux
+states of position t with the last state of t+1), so all it can learn is which tokens are common:
+about the share of the most common tokens, 0.1 or less. So:
+
+- EAGLE-3 at position 0 >= 2x the shuffled drafter's and >= 0.2 above it (a drafter trained on
+  misaligned, wrong-layer or garbage states lands near the shuffled one; even the 250-step
+  drafter, 0.294, passes against a shuffled drafter under 0.094);
+- EAGLE-3 (plugin) above the verifier-norm-off ablation at position 0 by NORM_MARGIN (served
+  acceptance over ~6,000 drafts has a sampling error near 0.006; 0.02 is three of those);
+- EAGLE-3 (plugin) not below the float32 reference by more than REFERENCE_SLACK (item 4: the
+  plugin's bf16 files should train as well as float32 ones, within run-to-run noise);
+- DFlash served as trained (the plugin drops M-RoPE from its config), no error;
+- every served drafter made drafts and an acceptance length > 1.
+
+The issue's own bar (0.38 at position 0, length 1.8) is reported in the summary, not asserted.
+On success the summary goes to `SPECULATORS_HYBRID_GPU_REPORT`, else to
+`tests/gpu/results/acceptance-<results folder name>.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SHUFFLED_RATIO, SHUFFLED_GAP = 2.0, 0.2
+NORM_MARGIN = 0.02
+REFERENCE_SLACK = 0.05
+ISSUE_FLOOR = {"position_0": 0.38, "length": 1.8}
+SERVED = ("eagle3", "eagle3-nonorm", "eagle3-hf32", "eagle3-shuffled", "dflash")
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def results() -> Path:
+    raw = os.environ.get("ACCEPTANCE_RESULTS", "")
+    if not raw:
+        pytest.skip("ACCEPTANCE_RESULTS is not set: point it at acceptance loop.sh's results")
+    folder = Path(raw)
+    if not folder.is_dir():
+        pytest.fail(f"ACCEPTANCE_RESULTS={raw} is not a folder")
+    return folder
+
+
+def served(results: Path, name: str) -> dict[str, Any]:
+    path = results / f"accept-{name}.json"
+    if not path.is_file():
+        pytest.fail(f"no {path.name}: run loop.sh with REFERENCE=1 until accept.done")
+    report = json.loads(path.read_text())
+    assert "error" not in report, f"{name} did not serve: {report['error']}"
+    assert report["num_drafts"] > 0 and report["acceptance_per_position"], name
+    return report
+
+
+def first(report: dict[str, Any]) -> float:
+    return float(report["acceptance_per_position"][0])
+
+
+def test_acceptance_floors(results: Path) -> None:
+    got = {name: served(results, name) for name in SERVED}
+    eagle, shuffled = first(got["eagle3"]), first(got["eagle3-shuffled"])
+    nonorm, reference = first(got["eagle3-nonorm"]), first(got["eagle3-hf32"])
+    for name, report in got.items():
+        assert report["acceptance_length"] > 1, (name, report["acceptance_length"])
+    assert eagle >= SHUFFLED_RATIO * shuffled, (eagle, shuffled)
+    assert eagle - shuffled >= SHUFFLED_GAP, (eagle, shuffled)
+    assert eagle >= nonorm + NORM_MARGIN, (eagle, nonorm)
+    assert eagle >= reference - REFERENCE_SLACK, (eagle, reference)
+
+    summary: dict[str, Any] = {
+        "results": str(results),
+        "floors": {
+            "shuffled_ratio": SHUFFLED_RATIO,
+            "shuffled_gap": SHUFFLED_GAP,
+            "norm_margin": NORM_MARGIN,
+            "reference_slack": REFERENCE_SLACK,
+        },
+        "drafters": {
+            name: {
+                key: report.get(key)
+                for key in ("acceptance_per_position", "acceptance_length", "num_drafts")
+                + ("batch_tok_s", "serial_tok_s")
+            }
+            for name, report in got.items()
+        },
+        "issue_floor": ISSUE_FLOOR,
+        "issue_floor_met": {
+            name: first(got[name]) >= ISSUE_FLOOR["position_0"]
+            and got[name]["acceptance_length"] >= ISSUE_FLOOR["length"]
+            for name in ("eagle3", "dflash")
+        },
+    }
+    for key, name in (("target_alone", "accept-target.json"), ("target", "target.json")):
+        if (results / name).is_file():  # decode rates without a drafter; the target's loss
+            summary[key] = json.loads((results / name).read_text())
+    default = HERE / "results" / f"acceptance-{results.name}.json"
+    out = Path(os.environ.get("SPECULATORS_HYBRID_GPU_REPORT") or default)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2))
