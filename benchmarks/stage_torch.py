@@ -108,7 +108,9 @@ def requirements(closure: list[dict[str, Any]]) -> dict[str, Any]:
     from packaging.requirements import Requirement
     from packaging.specifiers import SpecifierSet
 
-    by_name = {norm(it["metadata"]["name"]): it["metadata"].get("requires_dist", []) for it in closure}
+    by_name = {
+        norm(it["metadata"]["name"]): it["metadata"].get("requires_dist", []) for it in closure
+    }
     extras: dict[str, set[str]] = {name: set() for name in by_name}
     applied: list[Requirement] = []
     changed = True
@@ -132,7 +134,9 @@ def requirements(closure: list[dict[str, Any]]) -> dict[str, Any]:
     return wanted
 
 
-def plan(new: list[dict[str, Any]], base: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def plan(
+    new: list[dict[str, Any]], base: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The closure's packages that must travel: torch, and each triton / nvidia-* / cuda-*
     package whose base version does not satisfy the new closure's requirements."""
     from packaging.version import Version
@@ -146,7 +150,11 @@ def plan(new: list[dict[str, Any]], base: list[dict[str, Any]]) -> tuple[list[di
             continue
         have = base_versions.get(name)
         spec = wanted.get(name)
-        if name == "torch" or have is None or (spec is not None and not spec.contains(Version(have), True)):
+        if (
+            name == "torch"
+            or have is None
+            or (spec is not None and not spec.contains(Version(have), True))
+        ):
             ship.append(it)
     return ship, wanted
 
@@ -157,7 +165,9 @@ def download(ship: list[dict[str, Any]], folder: Path) -> list[Path]:
     for it in ship:
         path = folder / it["download_info"]["url"].rsplit("/", 1)[1]
         if not path.exists():
-            cmd = pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12")
+            cmd = pip(
+                "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"
+            )
             cmd += ["--implementation", "cp", "--index-url", INDEX, "-d", str(folder)]
             for tag in PLATFORMS:
                 cmd += ["--platform", tag]
@@ -224,8 +234,8 @@ def pack(wheels: list[Path], device: Path, part_bytes: int) -> list[Path]:
 def calls(parts: list[Path], label: str) -> list[str]:
     n = len(parts)
     lines = [
-        f"# {label}: {n} parts. Make these run() calls back to back: the machine is given back 30 s",
-        f"# after a call, and everything lives in {STAGE_DIR} on the device while it stays warm.",
+        f"# {label}: {n} parts. Make these run() calls back to back: the machine is given back",
+        f"# 30 s after a call, and everything lives in {STAGE_DIR} on the device while it is warm.",
     ]
     for i, part in enumerate(parts, 1):
         carry = [f".device/torch-parts/{part.name}", ".device/bin"]
@@ -238,15 +248,17 @@ def calls(parts: list[Path], label: str) -> list[str]:
         timeout = ", timeout_s=600" if i == n else ""
         lines.append(f"run(command={json.dumps(cmd)}, carry={json.dumps(carry)}{timeout})")
     lines += [
-        "# Then vLLM's calls (stage.sh: .device/CALLS.txt), keeping this torch: in its last call use",
+        "# Then vLLM's calls (stage.sh: .device/CALLS.txt), keeping this torch; its last call:",
         "#   bash .device/bin/torch-site.sh vllm-install && bash .device/bin/torch-site.sh run \\",
         "#     bash .device/bin/on-device.sh run python3 -m pytest tests/gpu -x -q",
-        "# and in later calls: bash .device/bin/torch-site.sh run bash .device/bin/on-device.sh run CMD",
+        "# later calls: bash .device/bin/torch-site.sh run bash .device/bin/on-device.sh run CMD",
     ]
     return lines
 
 
-def write_manifest(device: Path, torch: str, wheels: list[Path], parts: list[Path], needs: list[str], label: str) -> None:
+def write_manifest(
+    device: Path, torch: str, wheels: list[Path], parts: list[Path], needs: list[str], label: str
+) -> None:
     meta = device / "torch"
     shutil.rmtree(meta, ignore_errors=True)
     meta.mkdir(parents=True)
@@ -263,9 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("vllm", nargs="?", help="the vLLM release whose torch pin to stage")
     ap.add_argument("--torch", help="the torch version to stage (instead of a vLLM release's pin)")
-    ap.add_argument("--base", default=BASE_TORCH, help="the device image's torch (default %(default)s)")
-    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("STAGE_TORCH_CACHE", "~/.cache/stage-torch")))
-    ap.add_argument("--out", type=Path, default=ROOT / ".device", help="default: .device/ of the repository")
+    ap.add_argument(
+        "--base", default=BASE_TORCH, help="the device image's torch (default %(default)s)"
+    )
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(os.environ.get("STAGE_TORCH_CACHE", "~/.cache/stage-torch")),
+    )
+    ap.add_argument(
+        "--out", type=Path, default=ROOT / ".device", help="default: .device/ of the repository"
+    )
     ap.add_argument("--part-bytes", type=int, default=60_000_000)
     ap.add_argument("--wheels", type=Path, help="pack the wheels in this folder; no network")
     args = ap.parse_args(argv)
@@ -287,20 +307,31 @@ def main(argv: list[str] | None = None) -> int:
             fail(f"torch {torch} is the device image's: stage.sh alone is enough")
         new = report(f"torch=={torch}", cache)
         ship, wanted = plan(new, report(f"torch=={args.base}", cache))
-        base = {norm(it["metadata"]["name"]): it["metadata"]["version"] for it in report(f"torch=={args.base}", cache)}
+        base = {
+            norm(it["metadata"]["name"]): it["metadata"]["version"]
+            for it in report(f"torch=={args.base}", cache)
+        }
         print(f"{label}: {'package':24} {'version':12} {args.base + ' has':14} travels")
         for it in new:
             name, version = norm(it["metadata"]["name"]), it["metadata"]["version"]
             if name.startswith(SHIPPED_FAMILIES):
-                print(f"  {name:24} {version:12} {base.get(name, '-'):14} {'yes' if it in ship else 'no'}")
+                travels = "yes" if it in ship else "no"
+                print(f"  {name:24} {version:12} {base.get(name, '-'):14} {travels}")
         wheels = download(ship, cache / "wheels")
-        needs = sorted(f"{name} {spec}".strip() for name, spec in wanted.items() if name.startswith(SHIPPED_FAMILIES))
+        needs = sorted(
+            f"{name} {spec}".strip()
+            for name, spec in wanted.items()
+            if name.startswith(SHIPPED_FAMILIES)
+        )
     parts = pack(wheels, args.out, args.part_bytes)
     write_manifest(args.out, torch, wheels, parts, needs, label)
     total = sum(p.stat().st_size for p in parts)
     for w in wheels:
         print(f"  {w.name}: {w.stat().st_size:,} bytes")
-    print(f"{label}: {len(wheels)} wheels, {total:,} bytes in {len(parts)} parts of <= {args.part_bytes:,}")
+    print(
+        f"{label}: {len(wheels)} wheels, {total:,} bytes"
+        f" in {len(parts)} parts of <= {args.part_bytes:,}"
+    )
     print(f"device calls: {len(parts)} (see {args.out / 'torch' / 'CALLS.txt'})")
     return 0
 

@@ -84,8 +84,8 @@ print("NVIDIA libraries loaded, staged:", *staged, "| the image's:", *sorted(Pat
       if not p.startswith(str(st))))
 import triton
 print("triton", triton.__version__, "from", Path(triton.__file__).parent)
-if bad:
-    print("torch-site: requirements not met:", *bad, sep="\n  ")
+if bad:  # the image's libraries are not the set this staging assumed: restage with these added
+    print("torch-site: installed, but these requirements are not met:", *bad, sep="\n  ")
 if torch.__version__.split("+")[0] != want or bad:
     sys.exit(f"torch-site: wanted torch {want}, got {torch.__version__}")
 EOF
@@ -93,8 +93,14 @@ EOF
 
 case "${1:-}" in
   park)
-    for f in "$D"/torch-parts/t[0-9]*; do [ -f "$f" ] && cp "$f" "$ST/parts/"; done
     [ -d "$D/torch" ] && cp "$D"/torch/* "$ST/"
+    for f in "$D"/torch-parts/t[0-9]*; do
+      [ -f "$f" ] || continue
+      cp "$f" "$ST/parts/"
+      # a part that came corrupt is named now, while its call can simply be made again
+      (cd "$ST/parts" && grep " ${f##*/}\$" "$ST/parts.sha256" | sha256sum -c --quiet -) \
+        || { rm -f "$ST/parts/${f##*/}"; die "${f##*/} is corrupt or unknown (no parts.sha256 yet?): make this call again" 11; }
+    done
     echo "parked: $(ls "$ST/parts" | wc -l) of $(wc -l < "$ST/parts.sha256" 2>/dev/null || echo '?') parts"
     ;;
   unpack) unpack ;;

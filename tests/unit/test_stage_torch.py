@@ -33,7 +33,14 @@ def stage(tmp_path: Path, part_bytes: int = 4093) -> tuple[Path, dict[str, bytes
         (wheels / name).write_bytes(data)
     repo = tmp_path / "repo"
     cmd = [sys.executable, str(SCRIPT), "--torch", "9.9.9", "--wheels", str(wheels)]
-    cmd += ["--out", str(repo / ".device"), "--part-bytes", str(part_bytes), "--cache", str(tmp_path / "c")]
+    cmd += [
+        "--out",
+        str(repo / ".device"),
+        "--part-bytes",
+        str(part_bytes),
+        "--cache",
+        str(tmp_path / "c"),
+    ]
     subprocess.run(cmd, check=True, capture_output=True)
     return repo, contents
 
@@ -48,9 +55,13 @@ def test_parts_round_trip(tmp_path: Path) -> None:
     repo, contents = stage(tmp_path)
     parts = sorted((repo / ".device" / "torch-parts").iterdir())
     assert len(parts) >= 4 and all(p.stat().st_size <= 4093 for p in parts)
-    calls = [line for line in (repo / ".device/torch/CALLS.txt").read_text().splitlines() if line.startswith("run(")]
+    calls = [
+        line
+        for line in (repo / ".device/torch/CALLS.txt").read_text().splitlines()
+        if line.startswith("run(")
+    ]
     assert len(calls) == len(parts)
-    assert ".device/torch\"" in calls[0] and "rm -rf /tmp/torch-stage" in calls[0]
+    assert '.device/torch"' in calls[0] and "rm -rf /tmp/torch-stage" in calls[0]
     assert all(f'".device/torch-parts/{p.name}"' in c for p, c in zip(parts, calls, strict=True))
     assert calls[-1].count("torch-site.sh install") == 1
     assert device(repo, tmp_path, "park").returncode == 0
@@ -76,6 +87,15 @@ def test_corrupt_or_missing_part_stops_the_join(tmp_path: Path) -> None:
     assert done.returncode == 10 and "t002" in done.stderr
 
 
+def test_park_names_a_part_that_came_corrupt(tmp_path: Path) -> None:
+    repo, _ = stage(tmp_path)
+    third = repo / ".device" / "torch-parts" / "t003"
+    third.write_bytes(third.read_bytes()[:-1])
+    done = device(repo, tmp_path, "park")
+    assert done.returncode == 11 and "t003" in done.stderr
+    assert not (tmp_path / "stage" / "parts" / "t003").exists()
+
+
 def test_nothing_parked(tmp_path: Path) -> None:
     repo, _ = stage(tmp_path)
     done = device(repo, tmp_path, "install")
@@ -84,7 +104,10 @@ def test_nothing_parked(tmp_path: Path) -> None:
 
 def test_run_puts_the_staged_site_first(tmp_path: Path) -> None:
     repo, _ = stage(tmp_path)
-    for folder, version in ((tmp_path / "stage" / "site"), "9.9.9"), ((tmp_path / "image"), "2.11.0"):
+    for folder, version in (
+        ((tmp_path / "stage" / "site"), "9.9.9"),
+        ((tmp_path / "image"), "2.11.0"),
+    ):
         (folder / "torch").mkdir(parents=True)
         (folder / "torch" / "__init__.py").write_text(f"__version__ = {version!r}\n")
     code = "import torch; print(torch.__version__)"
@@ -96,8 +119,14 @@ def test_bad_arguments_say_what_to_do(tmp_path: Path) -> None:
     for args in ([], ["--torch", "2.14.0", "--part-bytes", "70000000"]):
         done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
         assert done.returncode == 2 and "Traceback" not in done.stderr
-    done = subprocess.run([sys.executable, str(SCRIPT), "--torch", "1", "--wheels", str(tmp_path)], capture_output=True, text=True)
-    assert done.returncode == 2 and "no .whl files" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--torch", "1", "--wheels", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        done.returncode == 2 and "no .whl files" in done.stderr and "Traceback" not in done.stderr
+    )
 
 
 def item(name: str, version: str, *requires: str) -> dict[str, Any]:
@@ -107,9 +136,20 @@ def item(name: str, version: str, *requires: str) -> dict[str, Any]:
 def test_plan_ships_what_the_image_does_not_satisfy() -> None:
     extra = "; platform_system == 'Linux' and extra == '{}'"
     new = [
-        item("torch", "2.14.0", "kit[a]==2 ; platform_system == 'Linux'", "triton~=3.8.0", "nvidia-nccl-cu13==2.30.7"),
-        item("kit", "2", "nvidia-cublas==13.1.1.3.*" + extra.format("a"), "nvidia-nvjitlink<14,>=13.0.88" + extra.format("a"),
-             "nvidia-nvvm==13.0.88.*" + extra.format("all")),
+        item(
+            "torch",
+            "2.14.0",
+            "kit[a]==2 ; platform_system == 'Linux'",
+            "triton~=3.8.0",
+            "nvidia-nccl-cu13==2.30.7",
+        ),
+        item(
+            "kit",
+            "2",
+            "nvidia-cublas==13.1.1.3.*" + extra.format("a"),
+            "nvidia-nvjitlink<14,>=13.0.88" + extra.format("a"),
+            "nvidia-nvvm==13.0.88.*" + extra.format("all"),
+        ),
         item("triton", "3.8.0"),
         item("nvidia-nccl-cu13", "2.30.7"),
         item("nvidia-cublas", "13.1.1.3"),
@@ -117,10 +157,22 @@ def test_plan_ships_what_the_image_does_not_satisfy() -> None:
         item("nvidia-cufft", "12.0.0.61"),
         item("sympy", "1.14.0"),
     ]
-    base = [item("torch", "2.11.0"), item("triton", "3.6.0"), item("nvidia-nccl-cu13", "2.28.9"),
-            item("nvidia-cublas", "13.1.0.3"), item("nvidia-nvjitlink", "13.0.88"), item("nvidia-cufft", "12.0.0.61"),
-            item("sympy", "1.13.0"), item("kit", "2")]
+    base = [
+        item("torch", "2.11.0"),
+        item("triton", "3.6.0"),
+        item("nvidia-nccl-cu13", "2.28.9"),
+        item("nvidia-cublas", "13.1.0.3"),
+        item("nvidia-nvjitlink", "13.0.88"),
+        item("nvidia-cufft", "12.0.0.61"),
+        item("sympy", "1.13.0"),
+        item("kit", "2"),
+    ]
     ship, wanted = stage_torch.plan(new, base)
-    assert [it["metadata"]["name"] for it in ship] == ["torch", "triton", "nvidia-nccl-cu13", "nvidia-cublas"]
+    assert [it["metadata"]["name"] for it in ship] == [
+        "torch",
+        "triton",
+        "nvidia-nccl-cu13",
+        "nvidia-cublas",
+    ]
     assert "nvidia-nvvm" not in wanted  # only under an extra nobody asked for
     assert str(wanted["nvidia-nvjitlink"]) == "<14,>=13.0.88"
