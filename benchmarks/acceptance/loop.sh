@@ -17,8 +17,8 @@
 #      is trained offline from each (`--hidden-states-path DIR --on-missing raise`);
 #   3. the server stopped, accept.py for the target alone and each drafter (k=3), one engine at a
 #      time; DFlash from a copy of its config without M-RoPE only if the as-trained one fails;
-#      then the two offline-trained EAGLE-3s; the EAGLE-3 on stock vLLM (plugin off); then target
-#      and EAGLE-3 with CUDA graphs.
+#      then the two offline-trained EAGLE-3s (the shuffled control first); the EAGLE-3 on stock
+#      vLLM (plugin off); then, unless GRAPHS=0, target and EAGLE-3 with CUDA graphs.
 # Each phase's JSON lands in $ACC/results, which poll copies to $OUT/acc.
 set -uo pipefail
 ACC=${ACC:-/tmp/stash/acc}
@@ -147,12 +147,14 @@ EOF
     accept dflash-1d $a --drafter "$ACC/dflash-1d" --method dflash --k 3 $args
   fi
   [ -n "$nonorm" ] && accept eagle3-nonorm $a --drafter "$nonorm" --method eagle3 --k 3 $args
-  [ -n "$hf32" ] && accept eagle3-hf32 $a --drafter "$hf32" --method eagle3 --k 3 $args
   [ -n "$shuffled" ] && accept eagle3-shuffled $a --drafter "$shuffled" --method eagle3 --k 3 $args
+  [ -n "$hf32" ] && accept eagle3-hf32 $a --drafter "$hf32" --method eagle3 --k 3 $args
   [ -n "$eagle" ] && accept eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
-  local g="bash $RUNNER run python3 $ACC/code/benchmarks/acceptance/accept.py"
-  accept target-graphs $g $args
-  [ -n "$eagle" ] && accept eagle3-graphs $g --drafter "$eagle" --method eagle3 --k 3 $args
+  if [ "${GRAPHS:-1}" = 1 ]; then  # GRAPHS=0 saves two engine starts with CUDA graphs
+    local g="bash $RUNNER run python3 $ACC/code/benchmarks/acceptance/accept.py"
+    accept target-graphs $g $args
+    [ -n "$eagle" ] && accept eagle3-graphs $g --drafter "$eagle" --method eagle3 --k 3 $args
+  fi
   touch "$ACC/results/accept.done"
 }
 
