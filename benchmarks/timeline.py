@@ -56,7 +56,9 @@ def _install(log: str) -> None:
         submitted[path] = time.time()
         submit(files, path, *a, **k)
 
-    def timed_write(path: str, queued: Future, metadata: Any, lock: Any) -> None:
+    def timed_write(
+        path: str, queued: Future, metadata: Any, lock: Any, fmt: str | None = None
+    ) -> None:
         started = time.time()
         host, ready = queued.result()  # paced copies: once all pieces are queued
         if ready is not None:
@@ -64,7 +66,7 @@ def _install(log: str) -> None:
         copied = time.time()
         done: Future = Future()
         done.set_result((host, None))
-        write(path, done, metadata, lock)
+        write(path, done, metadata, lock, fmt)
         entry = dict(path=path, submitted=submitted.pop(path, None), started=started)
         _record(log, dict(entry, copied=copied, written=time.time()))
 

@@ -67,6 +67,7 @@ NO_DIFF = {
     "files-whole-when-generate-returns": "shim-only: waits for our connector's off-step writes",
     "prefill-only-extraction": "shim-only: a mode of this project (launch sets it), not a vLLM fix",
     "hidden-states-wide-group": "shim-only: a layout of our connector's hidden-state group",
+    "hidden-states-fp8-files": "shim-only: routes hs-connectors' fp8 connector to our writers",
 }
 
 
