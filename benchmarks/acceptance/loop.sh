@@ -118,6 +118,9 @@ accept() {  # NAME [VAR=VALUE...] COMMAND...: runs it with the result file as it
   timeout 420 env "$@" "$ACC/results/accept-$name.json" > "$ACC/logs/accept-$name.log" 2>&1
   local rc=$?
   say "accept $name: exit $rc"
+  # the engine core's own error (accept.py's JSON has only "initialization failed")
+  [ $rc = 0 ] || grep -E "Error|Exception" "$ACC/logs/accept-$name.log" | grep -v "^Traceback" \
+    | tail -n 5 > "$ACC/results/accept-$name.cause.txt"
   return $rc
 }
 

@@ -53,7 +53,8 @@ http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()" ;;
       > "$save/1/config.json" ;;
   *accept.py*)
     out="${!#}"
-    case $args in *"--method dflash"*) case $args in *dflash-1d*) ;; *) exit 1;; esac;; esac
+    case $args in *"--method dflash"*) case $args in *dflash-1d*) ;; *)
+      echo "ValueError: draft models do not support M-RoPE yet" >&2; exit 1;; esac;; esac
     echo "{\"args\": \"$args\", \"off\": \"${SPECULATORS_HYBRID_DISABLE:-}\"}" > "$out" ;;
   *) echo "stub: unexpected: $args" >&2; exit 9 ;;
 esac
@@ -134,6 +135,8 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     if graphs == "1":
         with_graphs = json.loads((acc / "results" / "accept-eagle3-graphs.json").read_text())
         assert "--eager" not in with_graphs["args"]
+    cause = (acc / "results" / "accept-dflash.cause.txt").read_text()
+    assert "do not support M-RoPE" in cause  # the stand-in engine's own error, kept
     one_d = json.loads((acc / "dflash-1d" / "config.json").read_text())
     assert one_d["rope_parameters"] == {}
     assert (acc / "results" / "train.done").exists() and (acc / "results" / "accept.done").exists()
