@@ -14,7 +14,9 @@
 #      EAGLE-3 with the plugin's verifier-norm patch disabled (SPECULATORS_HYBRID_DISABLED_PATCHES);
 #      with REFERENCE=1 (default), beside them: hf_states.py writes transformers' float32 states
 #      for the same prepared samples (and a row-shuffled copy, the control), then the same EAGLE-3
-#      is trained offline from each (`--hidden-states-path DIR --on-missing raise`);
+#      is trained offline from each (`--hidden-states-path DIR --on-missing raise`); with FP8=1
+#      (default 0) a second server on PORT+1 writes the fp8 backend's files
+#      (`--hidden-states-backend fp8`) and the same EAGLE-3 trains from it (eagle3-fp8);
 #   3. the server stopped, accept.py for the target alone and each drafter (k=3), one engine at a
 #      time; DFlash from a copy of its config without M-RoPE only if the as-trained one fails;
 #      then the two offline-trained EAGLE-3s (the shuffled control first); the EAGLE-3 on stock
@@ -36,9 +38,9 @@ phase_target() {
   cp "$ACC/target/target.json" "$ACC/results/" && say "target: done" || { say "target: FAILED"; return 1; }
 }
 
-wait_ready() {
+wait_ready() {  # tries pid port
   for _ in $(seq 1 "$1"); do
-    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" \
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$3/health', timeout=2)" \
       2> /dev/null && return 0
     kill -0 "$2" 2>/dev/null || return 1
     sleep 2
@@ -48,7 +50,7 @@ wait_ready() {
 
 train_one() {  # name speculator-type extra-args...; from the folder $HS offline if set
   local name=$1 kind=$2; shift 2
-  local source=(--on-missing generate --vllm-endpoint "http://127.0.0.1:$PORT/v1")
+  local source=(--on-missing generate --vllm-endpoint "http://127.0.0.1:${SERVER_PORT:-$PORT}/v1")
   [ -n "${HS:-}" ] && source=(--hidden-states-path "$HS" --on-missing raise)
   rm -rf "$ACC/train-$name"; mkdir -p "$ACC/train-$name"
   TORCHDYNAMO_DISABLE=${TRAIN_EAGER-1} timeout 900 \
@@ -76,25 +78,37 @@ reference() {  # transformers' states for the prepared samples, then EAGLE-3 tra
   wait "$hf32" "$shuffled"
 }
 
+start_server() {  # name port launcher-options...: sets $server (its own process group)
+  local name=$1 port=$2; shift 2
+  rm -rf "$ACC/hs-$name"
+  setsid bash $RUNNER run python3 -m speculators_hybrid.cli launch \
+    --launcher "$ACC/launch_vllm.py" "$ACC/target" --hidden-states-path "$ACC/hs-$name" "$@" -- \
+    --port="$port" --max-model-len=1024 --max-num-seqs=64 --max-num-batched-tokens=8192 \
+    --kv-cache-memory-bytes=$((4 << 30)) --gpu-memory-utilization=0.3 \
+    --gdn-prefill-backend=triton --enforce-eager > "$ACC/logs/server-$name.log" 2>&1 &
+  server=$!
+  echo "$server" > "$ACC/server-$name.pid"  # kill -- -PID stops it
+}
+
+stop_servers() { for p in "${servers[@]}"; do kill -- -"$p" 2>/dev/null; done; }
+
 phase_train() {
   [ -f "$ACC/results/train.done" ] && return 0
   say "server: starting"
-  rm -rf "$ACC/hs"
-  setsid bash $RUNNER run python3 -m speculators_hybrid.cli launch \
-    --launcher "$ACC/launch_vllm.py" "$ACC/target" --hidden-states-path "$ACC/hs" -- \
-    --port="$PORT" --max-model-len=1024 --max-num-seqs=64 --max-num-batched-tokens=8192 \
-    --kv-cache-memory-bytes=$((4 << 30)) --gpu-memory-utilization=0.3 \
-    --gdn-prefill-backend=triton --enforce-eager > "$ACC/logs/server.log" 2>&1 &
-  local server=$!
-  echo "$server" > "$ACC/server.pid"  # its own process group: kill -- -PID stops it
-  if ! wait_ready 300 "$server"; then say "server: FAILED"; kill -- -"$server"; return 1; fi
+  local server servers=() fp8_port=$((PORT + 1))
+  start_server file "$PORT"; servers+=("$server"); local main=$server
+  if [ "${FP8:-0}" = 1 ]; then start_server fp8 "$fp8_port" --hidden-states-backend fp8; servers+=("$server"); fi
+  if ! wait_ready 300 "$main" "$PORT" \
+      || { [ "${FP8:-0}" = 1 ] && ! wait_ready 300 "${servers[1]}" "$fp8_port"; }; then
+    say "server: FAILED"; stop_servers; return 1
+  fi
   say "server: ready"
   head -n "$CHATS" "$ACC/target/chats.jsonl" > "$ACC/chats-subset.jsonl"
   rm -rf "$ACC/data"
   timeout 600 bash $RUNNER run python3 -m speculators prepare-data \
     --model "$ACC/target" --data "$ACC/chats-subset.jsonl" --output "$ACC/data" --seq-length 512 \
     --render-endpoint "http://127.0.0.1:$PORT" --num-preprocessing-workers 8 \
-    > "$ACC/logs/prepare-data.log" 2>&1 || { say "prepare-data: FAILED"; kill -- -"$server"; return 1; }
+    > "$ACC/logs/prepare-data.log" 2>&1 || { say "prepare-data: FAILED"; stop_servers; return 1; }
   say "prepare-data: done"
   local trainers=()  # wait for these only: a bare `wait` would also wait for the server
   train_one eagle3 eagle3 --num-layers 1 & trainers+=($!)
@@ -104,9 +118,13 @@ phase_train() {
       train_one eagle3-nonorm eagle3 --num-layers 1 & trainers+=($!)
   fi
   [ "${REFERENCE:-1}" = 1 ] && { reference & trainers+=($!); }
+  if [ "${FP8:-0}" = 1 ]; then
+    SERVER_PORT=$fp8_port train_one eagle3-fp8 eagle3 --num-layers 1 \
+      --hidden-states-backend fp8 & trainers+=($!)
+  fi
   wait "${trainers[@]}"
-  grep -c '"POST /v1/completions HTTP/1.1" 200' "$ACC/logs/server.log" > "$ACC/results/requests_200.txt"
-  kill -- -"$server" 2>/dev/null; sleep 5
+  grep -c '"POST /v1/completions HTTP/1.1" 200' "$ACC"/logs/server-*.log > "$ACC/results/requests_200.txt"
+  stop_servers; sleep 5
   touch "$ACC/results/train.done"
 }
 
@@ -132,6 +150,7 @@ phase_accept() {
   local nonorm; nonorm=$(latest "$ACC/train-eagle3-nonorm")
   local hf32; hf32=$(latest "$ACC/train-eagle3-hf32")
   local shuffled; shuffled=$(latest "$ACC/train-eagle3-shuffled")
+  local fp8; fp8=$(latest "$ACC/train-eagle3-fp8")
   [ -f "$ACC/results/accept-target.json" ] || accept target $a $args
   [ -n "$eagle" ] && accept eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
   if [ -n "$dflash" ] && ! accept dflash $a --drafter "$dflash" --method dflash --k 3 $args; then
@@ -152,6 +171,7 @@ EOF
   [ -n "$nonorm" ] && accept eagle3-nonorm $a --drafter "$nonorm" --method eagle3 --k 3 $args
   [ -n "$shuffled" ] && accept eagle3-shuffled $a --drafter "$shuffled" --method eagle3 --k 3 $args
   [ -n "$hf32" ] && accept eagle3-hf32 $a --drafter "$hf32" --method eagle3 --k 3 $args
+  [ -n "$fp8" ] && accept eagle3-fp8 $a --drafter "$fp8" --method eagle3 --k 3 $args
   [ -n "$eagle" ] && accept eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
   if [ "${GRAPHS:-1}" = 1 ]; then  # GRAPHS=0 saves two engine starts with CUDA graphs
     local g="bash $RUNNER run python3 $ACC/code/benchmarks/acceptance/accept.py"

@@ -33,7 +33,7 @@ case $args in
     cp "$3/chats.jsonl" "$3/heldout.jsonl" ;;
   *"speculators_hybrid.cli launch"*)
     port=$(value --port "$@")
-    echo $$ > "$STUB/server.pid"
+    echo "$$ $(value --hidden-states-backend "$@")" >> "$STUB/servers"
     exec python3 -c "
 import http.server
 class H(http.server.BaseHTTPRequestHandler):
@@ -47,9 +47,10 @@ http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()" ;;
     mkdir -p "$5" "$(value --shuffled-copy "$@")"; echo '{}' > "$(value --report "$@")" ;;
   *"speculators train"*)
     save=$(value --save-path "$@"); mkdir -p "$save/1"
-    printf '{"off": "%s", "from": "%s %s %s", "rope_parameters": {"mrope_section": [1, 1]}}' \
+    printf '{"off": "%s", "from": "%s %s %s", "backend": "%s", "rope_parameters": %s}' \
       "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" "$(value --on-missing "$@")" \
       "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" \
+      "$(value --hidden-states-backend "$@")" '{"mrope_section": [1, 1]}' \
       > "$save/1/config.json" ;;
   *accept.py*)
     out="${!#}"
@@ -67,9 +68,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize(("reference", "graphs"), [("1", "1"), ("0", "0")])
+@pytest.mark.parametrize(("reference", "graphs", "fp8"), [("1", "1", "0"), ("0", "0", "1")])
 def test_loop_ends_stops_its_server_and_runs_every_phase(
-    tmp_path: Path, reference: str, graphs: str
+    tmp_path: Path, reference: str, graphs: str, fp8: str
 ) -> None:
     acc, stub = tmp_path / "acc", tmp_path / "stub"
     for d in (acc / "code", acc / "logs", acc / "results", stub):
@@ -78,36 +79,42 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     runner.write_text(RUNNER)
     env = {**os.environ, "ACC": str(acc), "RUNNER": str(runner), "STUB": str(stub)}
     env |= {"PORT": str(free_port()), "TARGET_S": "1", "CHATS": "2", "STEPS": "1"}
-    env |= {"REFERENCE": reference, "GRAPHS": graphs}
+    env |= {"REFERENCE": reference, "GRAPHS": graphs, "FP8": fp8}
     left_running = False
     try:
         done = subprocess.run(
             ["bash", str(LOOP), "all"], env=env, capture_output=True, text=True, timeout=60
         )
-    finally:  # a loop that hangs leaves its server: stop it here too
-        pid = stub / "server.pid"
-        if pid.exists():
-            left_running = Path(f"/proc/{pid.read_text().strip()}/cmdline").exists()
-            subprocess.run(["kill", "--", f"-{pid.read_text().strip()}"], capture_output=True)
+    finally:  # a loop that hangs leaves its servers: stop them here too
+        servers = dict(line.split(" ", 1) for line in (stub / "servers").read_text().splitlines())
+        for pid in servers:
+            left_running |= Path(f"/proc/{pid}/cmdline").exists()
+            subprocess.run(["kill", "--", f"-{pid}"], capture_output=True)
     status = (acc / "status").read_text()
     assert done.returncode == 0, status + done.stderr
     assert "loop: finished" in status, status
 
-    assert not left_running, "the loop left its training server running"
+    assert not left_running, "the loop left a training server running"
+    assert sorted(servers.values()) == (["", "fp8"] if fp8 == "1" else [""])
     assert "train eagle3-nonorm: exit 0" in status
 
     offline = ("eagle3-hf32", "eagle3-shuffled") if reference == "1" else ()
+    from_fp8 = ("eagle3-fp8",) if fp8 == "1" else ()
     configs = {
         name: json.loads(path.read_text())
-        for name in ("eagle3", "dflash", "eagle3-nonorm", *offline, "eagle3-hf32")
+        for name in ("eagle3", "dflash", "eagle3-nonorm", *offline, "eagle3-hf32", "eagle3-fp8")
         if (path := acc / f"train-{name}" / "1" / "config.json").exists()
     }
     assert {name: c["off"] for name, c in configs.items()} == {
         "eagle3": "",
         "dflash": "",
         "eagle3-nonorm": "verifier-norm-eagle3",
-        **{name: "" for name in offline},
+        **{name: "" for name in (*offline, *from_fp8)},
     }
+    if from_fp8:  # the second server's fp8 files, read as fp8
+        fp8_server = f"generate  http://127.0.0.1:{int(env['PORT']) + 1}/v1"
+        assert configs["eagle3-fp8"]["from"] == fp8_server
+        assert configs["eagle3-fp8"]["backend"] == "fp8" and configs["eagle3"]["backend"] == ""
     online = f"generate  http://127.0.0.1:{env['PORT']}/v1"
     assert {configs[n]["from"] for n in ("eagle3", "dflash", "eagle3-nonorm")} == {online}
     if offline:  # from the reference folders, never from the server
@@ -126,6 +133,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
             "dflash-1d",
             "eagle3-nonorm",
             *offline,
+            *from_fp8,
             "eagle3-stock",
             *(("target-graphs", "eagle3-graphs") if graphs == "1" else ()),
         )
