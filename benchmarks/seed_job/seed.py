@@ -1,0 +1,423 @@
+"""The seed job on one GPU: vLLM + plugin serving the target and speculators training DFlash
+online beside it, measured.
+
+    python benchmarks/seed_job/seed.py WORK --launcher launch_vllm.py [--preset qwen3.6-27b] ...
+
+In WORK, each phase bounded by a timeout, each command run through `$RUNNER run` (the staged
+environment; plain when RUNNER is unset):
+
+1. `verifier/`: config, tokenizer + chat template, the trainer's tensors (verifier.py);
+   `chats.jsonl`: `--chats` chats of `--min-tokens`..`--max-tokens` tokens (uniform);
+2. `speculators-hybrid launch` of the target with dummy weights (prefill-only, plugin on) and
+   its own process group;
+3. `speculators prepare-data` through the server;
+4. the server alone: `speculators generate-offline-data` on `--offline-samples` samples (files
+   deleted after), its rate the loop's yardstick;
+5. `speculators-hybrid run -- speculators train --speculator-type dflash --on-missing generate`
+   for `--steps` steps; while it runs, every `--poll` s: the server's answered requests (one a
+   sample) and each process's GPU memory and SM use (nvidia-smi);
+6. the server stopped; `seed.json`: samples/s and tokens/s in the steady part (after the first
+   `--warm` of the samples), the ratio to the server alone, the peaks of memory, the hours an
+   epoch of `--epoch-samples` samples takes at the measured rate, every phase's exit and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from speculators_hybrid.models import PRESETS, resolve  # noqa: E402
+
+EPOCH_SAMPLES = 913_786  # the seed job's dataset
+ANSWERED = '"POST /v1/completions HTTP/1.1" 200'
+OOM = re.compile(r"OutOfMemoryError|CUDA out of memory")
+
+
+def layer_ids(preset: str) -> list[int]:
+    """The trainer's ids: speculators' default [2, L/2, L-3] (the launcher adds L)."""
+    layers = PRESETS[resolve(preset)]["layers"]
+    return [2, layers // 2, layers - 3]
+
+
+def steady_rate(points: list[tuple[float, int]], warm: float = 0.2) -> float | None:
+    """Samples/s between the first point at or past `warm` of the final count and the first
+    point with the final count; None with too few points."""
+    if not points or points[-1][1] <= 0:
+        return None
+    final = points[-1][1]
+    start = next(p for p in points if p[1] >= max(warm * final, 1))
+    end = next(p for p in points if p[1] == final)
+    if end[0] <= start[0] or end[1] <= start[1]:
+        return None
+    return (end[1] - start[1]) / (end[0] - start[0])
+
+
+def hours_per_epoch(rate: float | None, samples: int = EPOCH_SAMPLES) -> float | None:
+    return round(samples / rate / 3600, 2) if rate else None
+
+
+def say(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} seed: {message}", flush=True)
+
+
+def runner() -> list[str]:
+    path = os.environ.get("RUNNER")
+    return ["bash", path, "run"] if path else []
+
+
+class Poller:
+    """Every `every` s: answered requests in the server's log and per-process GPU use."""
+
+    def __init__(self, server_log: Path, every: float, out: Path) -> None:
+        self.log, self.every, self.out = server_log, every, out
+        self.points: list[tuple[float, int]] = []
+        self.gpu: list[dict[str, Any]] = []
+        self.groups: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Poller:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def answered(self) -> int:
+        try:
+            return self.log.read_text(errors="replace").count(ANSWERED)
+        except OSError:
+            return 0
+
+    def sample(self) -> None:
+        now = time.time()
+        self.points.append((now, self.answered()))
+        row: dict[str, Any] = {"t": round(now, 1), **gpu_use(self.groups)}
+        if len(row) > 1:
+            self.gpu.append(row)
+        with self.out.open("a") as f:
+            f.write(json.dumps({**row, "answered": self.points[-1][1]}) + "\n")
+
+
+def smi(*args: str) -> list[list[str]]:
+    exe = os.environ.get("NVIDIA_SMI", "nvidia-smi")
+    try:
+        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def group_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def gpu_use(groups: dict[str, int]) -> dict[str, Any]:
+    """MiB used on the GPU in all and by each named process group (the server, the trainer)."""
+    row: dict[str, Any] = {}
+    total = smi("--query-gpu=memory.used", "--format=csv,noheader,nounits")
+    if total and total[0][0].isdigit():
+        row["total_mib"] = int(total[0][0])
+    for pid, used in smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"):
+        if not (pid.isdigit() and used.isdigit()):
+            continue
+        for name, pgid in list(groups.items()):
+            if group_of(int(pid)) == pgid:
+                row[f"{name}_mib"] = row.get(f"{name}_mib", 0) + int(used)
+    for cols in smi_pmon():  # gpu pid type sm ...: SM % of each process in the last interval
+        if len(cols) > 3 and cols[1].isdigit() and cols[3].isdigit():
+            for name, pgid in list(groups.items()):
+                if group_of(int(cols[1])) == pgid:
+                    row[f"{name}_sm"] = row.get(f"{name}_sm", 0) + int(cols[3])
+    return row
+
+
+def smi_pmon() -> list[list[str]]:
+    return [line[0].split() for line in smi("pmon", "-c", "1", "-s", "u")]
+
+
+def peaks(rows: list[dict[str, Any]]) -> dict[str, int]:
+    keys = {k for r in rows for k in r if k.endswith("_mib")}
+    return {k: max(r.get(k, 0) for r in rows) for k in sorted(keys)}
+
+
+def sm_share(rows: list[dict[str, Any]]) -> float | None:
+    """The server's share of the SM use both processes reported (pmon), None without any."""
+    rows = [r for r in rows if "trainer_sm" in r]  # while pmon saw the trainer
+    server = sum(r.get("server_sm", 0) for r in rows)
+    both = server + sum(r.get("trainer_sm", 0) for r in rows)
+    return round(server / both, 3) if both else None
+
+
+def timed(
+    cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None, started=None
+) -> dict:
+    """Run `cmd` in its own process group, logging to `log`; its whole group killed at timeout.
+    `started(pid)` is called with the group's id once it runs."""
+    t0 = time.time()
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
+        if started:
+            started(proc.pid)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = 124
+    return {"rc": rc, "seconds": round(time.time() - t0, 1)}
+
+
+def wait_ready(proc: subprocess.Popen, port: int, seconds: float) -> bool:
+    end = time.time() + seconds
+    while time.time() < end:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return True
+        except OSError:
+            if proc.poll() is not None:
+                return False
+            time.sleep(2)
+    return False
+
+
+def server_cmd(a: argparse.Namespace) -> list[str]:
+    serve = [
+        f"--port={a.port}",
+        "--load-format=dummy",
+        f"--max-model-len={a.max_model_len}",
+        f"--max-num-seqs={a.max_num_seqs}",
+        f"--max-num-batched-tokens={a.max_num_batched_tokens}",
+        f"--kv-cache-memory-bytes={int(a.kv_gib * (1 << 30))}",
+        f"--gpu-memory-utilization={a.gpu_memory_utilization}",
+        "--gdn-prefill-backend=triton",
+        *(["--enforce-eager"] if not a.graphs else []),
+    ]
+    return [
+        *runner(), sys.executable, "-m", "speculators_hybrid.cli", "launch",
+        "--launcher", str(a.launcher), str(a.work / "verifier"),
+        "--hidden-states-path", str(a.work / "hs"), "--", *serve,
+    ]  # fmt: skip
+
+
+def train_cmd(a: argparse.Namespace, anchors: int) -> list[str]:
+    return [
+        *runner(), sys.executable, "-m", "speculators_hybrid.cli", "run", "--",
+        sys.executable, "-m", "speculators", "train", "--speculator-type", "dflash",
+        "--verifier-name-or-path", str(a.work / "verifier"), "--data-path", str(a.work / "data"),
+        "--save-path", str(a.work / "train"), "--log-dir", str(a.work / "train" / "logs"),
+        "--on-missing", "generate", "--vllm-endpoint", f"http://127.0.0.1:{a.port}/v1",
+        "--target-layer-ids", *map(str, layer_ids(a.preset)),
+        "--total-seq-len", str(a.total_seq_len), "--max-anchors", str(anchors),
+        "--max-steps", str(a.steps), "--epochs", "1", "--lr", "1e-4",
+        "--num-workers", str(a.workers), "--log-freq", "1", *shlex.split(a.train_args),
+    ]  # fmt: skip
+
+
+def build_inputs(a: argparse.Namespace, report: dict[str, Any]) -> None:
+    from benchmarks.seed_job import verifier
+
+    if not (a.work / "verifier" / verifier.INDEX).exists():
+        shutil.rmtree(a.work / "verifier", ignore_errors=True)
+        report["verifier"] = verifier.write_verifier(a.work / "verifier", a.preset)
+    if not (a.work / "chats.jsonl").exists():
+        report["chats"] = verifier.write_chats(
+            a.work / "verifier", a.work / "chats.jsonl", a.chats, a.min_tokens, a.max_tokens
+        )
+        (a.work / "chats.json").write_text(json.dumps(report["chats"]))
+    report["chats"] = json.loads((a.work / "chats.json").read_text())
+
+
+def offline_rate(a: argparse.Namespace, poller: Poller, report: dict[str, Any]) -> None:
+    before, start = poller.answered(), len(poller.points)
+    out = a.work / "offline-hs"
+    cmd = [*runner(), sys.executable, "-m", "speculators", "generate-offline-data",
+           "--endpoint", f"http://127.0.0.1:{a.port}/v1", "--preprocessed-data",
+           str(a.work / "data"), "--output", str(out), "--max-samples", str(a.offline_samples),
+           "--concurrency", str(a.offline_concurrency)]  # fmt: skip
+    run = timed(cmd, a.work / "logs" / "offline.log", a.offline_timeout)
+    poller.sample()
+    points = [(t, n - before) for t, n in poller.points[start:]]
+    done = points[-1][1]
+    whole = round(done / run["seconds"], 3) if run["rc"] == 0 and run["seconds"] else None
+    report["server_alone"] = {
+        **run, "samples": done, "samples_per_s": steady_rate(points, a.warm) or whole,
+        "samples_per_s_with_startup": whole,
+    }  # fmt: skip
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def train(a: argparse.Namespace, poller: Poller, report: dict[str, Any]) -> float | None:
+    """The trainer at each `--max-anchors` in turn until one runs without running out of
+    memory; returns the steady samples/s of the last attempt."""
+    rate = None
+    for anchors in a.anchors:
+        shutil.rmtree(a.work / "train", ignore_errors=True)
+        log = a.work / "logs" / f"train-{anchors}.log"
+        say(f"trainer: --max-anchors {anchors}")
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+        if not a.compile:
+            env["TORCHDYNAMO_DISABLE"] = "1"
+        start, first = len(poller.points), poller.answered()
+        run = timed(train_cmd(a, anchors), log, a.train_timeout, env,
+                    started=lambda pid: poller.groups.update(trainer=pid))  # fmt: skip
+        poller.sample()
+        poller.groups.pop("trainer", None)
+        text = log.read_text(errors="replace")
+        points = [(t, n - first) for t, n in poller.points[start:]]
+        rate = steady_rate(points, a.warm)
+        steps = len(re.findall(r"global_step", text))
+        report.setdefault("trainer", []).append({
+            "max_anchors": anchors, **run, "steps_logged": steps,
+            "samples": points[-1][1] if points else 0, "samples_per_s": rate,
+            "out_of_memory": bool(OOM.search(text)),
+            "last_lines": text.splitlines()[-5:],
+        })  # fmt: skip
+        if not OOM.search(text):
+            break
+    return rate
+
+
+def run_all(a: argparse.Namespace) -> dict[str, Any]:
+    (a.work / "logs").mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"preset": a.preset, "settings": {
+        k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}}  # fmt: skip
+    t0 = time.time()
+    say(f"inputs for {a.preset}")
+    build_inputs(a, report)
+    report["inputs_s"] = round(time.time() - t0, 1)
+    shutil.rmtree(a.work / "hs", ignore_errors=True)
+    say("server: starting")
+    server_log = a.work / "logs" / "server.log"
+    with server_log.open("w") as f:
+        server = subprocess.Popen(server_cmd(a), stdout=f, stderr=subprocess.STDOUT,
+                                  start_new_session=True)  # fmt: skip
+    (a.work / "gpu.jsonl").unlink(missing_ok=True)
+    poller = Poller(server_log, a.poll, a.work / "gpu.jsonl")
+    poller.groups["server"] = server.pid
+    poller.start()
+    try:
+        t1 = time.time()
+        if not wait_ready(server, a.port, a.server_timeout):
+            report["failed"] = "server did not become ready"
+            return report
+        report["server_ready_s"] = round(time.time() - t1, 1)
+        say(f"server: ready in {report['server_ready_s']} s; prepare-data")
+        report["server_idle_mib"] = gpu_use(poller.groups)
+        shutil.rmtree(a.work / "data", ignore_errors=True)
+        cmd = [*runner(), sys.executable, "-m", "speculators", "prepare-data",
+               "--model", str(a.work / "verifier"), "--data", str(a.work / "chats.jsonl"),
+               "--output", str(a.work / "data"), "--seq-length", str(a.max_model_len - 1),
+               "--render-endpoint", f"http://127.0.0.1:{a.port}",
+               "--num-preprocessing-workers", "8"]  # fmt: skip
+        report["prepare_data"] = timed(cmd, a.work / "logs" / "prepare-data.log", 900)
+        if report["prepare_data"]["rc"] != 0:
+            report["failed"] = "prepare-data"
+            return report
+        if a.offline_samples:
+            say("the server alone: generate-offline-data")
+            offline_rate(a, poller, report)
+        rate = train(a, poller, report)
+        mean = report["chats"]["mean"]
+        alone = (report.get("server_alone") or {}).get("samples_per_s")
+        report["loop"] = {
+            "samples_per_s": rate,
+            "tokens_per_s": round(rate * mean, 1) if rate else None,
+            "mean_tokens": mean,
+            "vs_server_alone": round(rate / alone, 3) if rate and alone else None,
+            "epoch_samples": a.epoch_samples,
+            "hours_per_epoch": hours_per_epoch(rate, a.epoch_samples),
+        }
+    finally:
+        poller.stop()
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        report["gpu_peak_mib"] = peaks(poller.gpu)
+        report["server_sm_share"] = sm_share(poller.gpu)
+        idle = report.get("server_idle_mib", {}).get("total_mib")
+        if idle and "total_mib" in report["gpu_peak_mib"]:  # when per-process use is hidden
+            report["trainer_mib_by_difference"] = report["gpu_peak_mib"]["total_mib"] - idle
+        report["server_exit"] = server.returncode
+        report["answered"] = poller.answered()
+        report["seconds"] = round(time.time() - t0, 1)
+    return report
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("work", type=Path)
+    p.add_argument("--launcher", type=Path, required=True, help="speculators' launch_vllm.py")
+    p.add_argument("--preset", default="qwen3.6-27b", type=resolve)
+    p.add_argument("--chats", type=int, default=3000)
+    p.add_argument("--min-tokens", type=int, default=1000)
+    p.add_argument("--max-tokens", type=int, default=2000)
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--max-model-len", type=int, default=2049, help="prepare-data gets one less")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--kv-gib", type=float, default=10.0)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.55)
+    p.add_argument("--graphs", action="store_true", help="CUDA graphs (default: eager)")
+    p.add_argument("--total-seq-len", type=int, default=8192)
+    p.add_argument("--anchors", type=int, nargs="+", default=[512, 256, 128],
+                   help="--max-anchors tried in turn while the trainer runs out of memory")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--workers", type=int, default=12)
+    p.add_argument("--compile", action="store_true", help="leave torch.compile on")
+    p.add_argument("--train-args", default="", help="more arguments for speculators train")
+    p.add_argument("--offline-samples", type=int, default=256)
+    p.add_argument("--offline-concurrency", type=int, default=32)
+    p.add_argument("--warm", type=float, default=0.2, help="fraction of samples left out")
+    p.add_argument("--poll", type=float, default=5.0)
+    p.add_argument("--epoch-samples", type=int, default=EPOCH_SAMPLES)
+    p.add_argument("--server-timeout", type=float, default=600)
+    p.add_argument("--offline-timeout", type=float, default=300)
+    p.add_argument("--train-timeout", type=float, default=900)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse(argv)
+    except ValueError as e:
+        print(f"seed: {e}", file=sys.stderr)
+        return 2
+    report = run_all(args)
+    (args.work / "seed.json").write_text(json.dumps(report, indent=2))
+    print("seed:", json.dumps(report.get("loop") or report.get("failed")))
+    return 0 if "loop" in report and report["loop"]["samples_per_s"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
