@@ -55,14 +55,16 @@ def layer_ids(preset: str) -> list[int]:
     return [2, layers // 2, layers - 3]
 
 
-def steady_rate(points: list[tuple[float, int]], warm: float = 0.2) -> float | None:
-    """Samples/s between the first point at or past `warm` of the final count and the first
-    point with the final count; None with too few points."""
+def steady_rate(points: list[tuple[float, int]], warm: float = 0.4) -> float | None:
+    """Count/s over the part of the run after `warm` of its time, the run being from the first
+    point past zero to the first point at the final count: the start (a trainer's data loaders
+    fill their prefetch queues at the server's own pace) left out; None with too few points."""
     if not points or points[-1][1] <= 0:
         return None
     final = points[-1][1]
-    start = next(p for p in points if p[1] >= max(warm * final, 1))
+    first = next(p for p in points if p[1] > 0)
     end = next(p for p in points if p[1] == final)
+    start = next(p for p in points if p[0] >= first[0] + warm * (end[0] - first[0]))
     if end[0] <= start[0] or end[1] <= start[1]:
         return None
     return (end[1] - start[1]) / (end[0] - start[0])
@@ -81,12 +83,21 @@ def runner() -> list[str]:
     return ["bash", path, "run"] if path else []
 
 
+def count(log: Path | None, text: str) -> int:
+    try:
+        return log.read_text(errors="replace").count(text) if log else 0
+    except OSError:
+        return 0
+
+
 class Poller:
     """Every `every` s: answered requests in the server's log and per-process GPU use."""
 
     def __init__(self, server_log: Path, every: float, out: Path) -> None:
         self.log, self.every, self.out = server_log, every, out
         self.points: list[tuple[float, int]] = []
+        self.steps: list[tuple[float, int]] = []  # the trainer's logged steps
+        self.trainer_log: Path | None = None
         self.gpu: list[dict[str, Any]] = []
         self.groups: dict[str, int] = {}
         self._stop = threading.Event()
@@ -106,14 +117,12 @@ class Poller:
             self.sample()
 
     def answered(self) -> int:
-        try:
-            return self.log.read_text(errors="replace").count(ANSWERED)
-        except OSError:
-            return 0
+        return count(self.log, ANSWERED)
 
     def sample(self) -> None:
         now = time.time()
         self.points.append((now, self.answered()))
+        self.steps.append((now, count(self.trainer_log, "global_step")))
         row: dict[str, Any] = {"t": round(now, 1), **gpu_use(self.groups)}
         if len(row) > 1:
             self.gpu.append(row)
@@ -168,7 +177,7 @@ def peaks(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 def sm_share(rows: list[dict[str, Any]]) -> float | None:
     """The server's share of the SM use both processes reported (pmon), None without any."""
-    rows = [r for r in rows if "trainer_sm" in r]  # while pmon saw the trainer
+    rows = [r for r in rows if "trainer_sm" in r and "server_sm" in r]  # both running
     server = sum(r.get("server_sm", 0) for r in rows)
     both = server + sum(r.get("trainer_sm", 0) for r in rows)
     return round(server / both, 3) if both else None
@@ -189,9 +198,11 @@ def timed(
         try:
             rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
             rc = 124
+        finally:  # also when this process is stopped (SystemExit from the SIGTERM handler)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     return {"rc": rc, "seconds": round(time.time() - t0, 1)}
 
 
@@ -227,16 +238,22 @@ def server_cmd(a: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
 
 
-def train_cmd(a: argparse.Namespace, anchors: int) -> list[str]:
+def train_cmd(a: argparse.Namespace, anchors: int, offline: bool = False) -> list[str]:
+    """The trainer, online from the server or (`offline`) from the server-alone phase's files."""
+    source = (
+        ["--hidden-states-path", str(a.work / "offline-hs"), "--on-missing", "raise"]
+        if offline
+        else ["--on-missing", "generate", "--vllm-endpoint", f"http://127.0.0.1:{a.port}/v1"]
+    )
+    steps, epochs = (a.alone_steps, 100) if offline else (a.steps, 1)
     return [
         *runner(), sys.executable, "-m", "speculators_hybrid.cli", "run", "--",
         sys.executable, "-m", "speculators", "train", "--speculator-type", "dflash",
         "--verifier-name-or-path", str(a.work / "verifier"), "--data-path", str(a.work / "data"),
         "--save-path", str(a.work / "train"), "--log-dir", str(a.work / "train" / "logs"),
-        "--on-missing", "generate", "--vllm-endpoint", f"http://127.0.0.1:{a.port}/v1",
-        "--target-layer-ids", *map(str, layer_ids(a.preset)),
+        *source, "--target-layer-ids", *map(str, layer_ids(a.preset)),
         "--total-seq-len", str(a.total_seq_len), "--max-anchors", str(anchors),
-        "--max-steps", str(a.steps), "--epochs", "1", "--lr", "1e-4",
+        "--max-steps", str(steps), "--epochs", str(epochs), "--lr", "1e-4",
         "--num-workers", str(a.workers), "--log-freq", "1", *shlex.split(a.train_args),
     ]  # fmt: skip
 
@@ -271,38 +288,67 @@ def offline_rate(a: argparse.Namespace, poller: Poller, report: dict[str, Any]) 
         **run, "samples": done, "samples_per_s": steady_rate(points, a.warm) or whole,
         "samples_per_s_with_startup": whole,
     }  # fmt: skip
-    shutil.rmtree(out, ignore_errors=True)
+
+
+def train_once(a: argparse.Namespace, poller: Poller, anchors: int, offline: bool) -> dict:
+    """One trainer run, polled: its exit, steps and (online) samples, with their steady rates."""
+    shutil.rmtree(a.work / "train", ignore_errors=True)
+    log = a.work / "logs" / f"train-{'alone' if offline else 'online'}-{anchors}.log"
+    say(f"trainer{' alone' if offline else ''}: --max-anchors {anchors}")
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    if not a.compile:
+        env["TORCHDYNAMO_DISABLE"] = "1"
+    start, first, t0 = len(poller.points), poller.answered(), time.time()
+    poller.trainer_log = log
+    run = timed(train_cmd(a, anchors, offline), log, a.train_timeout, env,
+                started=lambda pid: poller.groups.update(trainer=pid))  # fmt: skip
+    poller.sample()
+    poller.groups.pop("trainer", None)
+    poller.trainer_log = None
+    text = log.read_text(errors="replace")
+    points = [(t, n - first) for t, n in poller.points[start:]]
+    return {
+        "max_anchors": anchors, **run, "steps_logged": text.count("global_step"),
+        "steps_per_s": steady_rate(poller.steps[start:], a.warm),
+        **({} if offline else {"samples": points[-1][1] if points else 0,
+                               "samples_per_s": steady_rate(points, a.warm)}),
+        "gpu_peak_mib": peaks([r for r in poller.gpu if r["t"] >= t0]),
+        "out_of_memory": bool(OOM.search(text)),
+        "last_lines": text.splitlines()[-5:],
+    }  # fmt: skip
 
 
 def train(a: argparse.Namespace, poller: Poller, report: dict[str, Any]) -> float | None:
-    """The trainer at each `--max-anchors` in turn until one runs without running out of
-    memory; returns the steady samples/s of the last attempt."""
-    rate = None
+    """The trainer beside the server at each `--max-anchors` in turn until one runs without
+    running out of memory; returns the steady samples/s of the last attempt."""
     for anchors in a.anchors:
-        shutil.rmtree(a.work / "train", ignore_errors=True)
-        log = a.work / "logs" / f"train-{anchors}.log"
-        say(f"trainer: --max-anchors {anchors}")
-        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-        if not a.compile:
-            env["TORCHDYNAMO_DISABLE"] = "1"
-        start, first = len(poller.points), poller.answered()
-        run = timed(train_cmd(a, anchors), log, a.train_timeout, env,
-                    started=lambda pid: poller.groups.update(trainer=pid))  # fmt: skip
-        poller.sample()
-        poller.groups.pop("trainer", None)
-        text = log.read_text(errors="replace")
-        points = [(t, n - first) for t, n in poller.points[start:]]
-        rate = steady_rate(points, a.warm)
-        steps = len(re.findall(r"global_step", text))
-        report.setdefault("trainer", []).append({
-            "max_anchors": anchors, **run, "steps_logged": steps,
-            "samples": points[-1][1] if points else 0, "samples_per_s": rate,
-            "out_of_memory": bool(OOM.search(text)),
-            "last_lines": text.splitlines()[-5:],
-        })  # fmt: skip
-        if not OOM.search(text):
+        report.setdefault("trainer", []).append(train_once(a, poller, anchors, offline=False))
+        if not report["trainer"][-1]["out_of_memory"]:
             break
-    return rate
+    return report["trainer"][-1]["samples_per_s"]
+
+
+def trainer_alone(a: argparse.Namespace, poller: Poller, report: dict[str, Any]) -> None:
+    """With the server stopped: the trainer from the server-alone phase's files, at the
+    anchors the loop ended with; its steps/s and memory on a GPU of its own."""
+    anchors = report["trainer"][-1]["max_anchors"] if report.get("trainer") else a.anchors[-1]
+    report["trainer_alone"] = train_once(a, poller, anchors, offline=True)
+    online = report.get("trainer") and report["trainer"][-1]
+    if online and online["steps_per_s"] and report["trainer_alone"]["steps_per_s"]:
+        report["trainer_alone"]["vs_loop_steps"] = round(
+            report["trainer_alone"]["steps_per_s"] / online["steps_per_s"], 3
+        )
+
+
+def stop(server: subprocess.Popen) -> None:
+    if server.poll() is not None:
+        return
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
 
 
 def run_all(a: argparse.Namespace) -> dict[str, Any]:
@@ -355,14 +401,13 @@ def run_all(a: argparse.Namespace) -> dict[str, Any]:
             "epoch_samples": a.epoch_samples,
             "hours_per_epoch": hours_per_epoch(rate, a.epoch_samples),
         }
+        stop(server)
+        if a.alone_steps and (a.work / "offline-hs").is_dir():
+            trainer_alone(a, poller, report)
     finally:
         poller.stop()
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop(server)
+        shutil.rmtree(a.work / "offline-hs", ignore_errors=True)
         report["gpu_peak_mib"] = peaks(poller.gpu)
         report["server_sm_share"] = sm_share(poller.gpu)
         idle = report.get("server_idle_mib", {}).get("total_mib")
@@ -371,6 +416,7 @@ def run_all(a: argparse.Namespace) -> dict[str, Any]:
         report["server_exit"] = server.returncode
         report["answered"] = poller.answered()
         report["seconds"] = round(time.time() - t0, 1)
+        (a.work / "seed.json").write_text(json.dumps(report, indent=2))
     return report
 
 
@@ -397,13 +443,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="leave torch.compile on")
     p.add_argument("--train-args", default="", help="more arguments for speculators train")
     p.add_argument("--offline-samples", type=int, default=256)
+    p.add_argument("--alone-steps", type=int, default=60,
+                   help="steps of the trainer alone from the offline files (0: none)")
     p.add_argument("--offline-concurrency", type=int, default=32)
-    p.add_argument("--warm", type=float, default=0.2, help="fraction of samples left out")
+    p.add_argument("--warm", type=float, default=0.4, help="fraction of the run's time left out")
     p.add_argument("--poll", type=float, default=5.0)
     p.add_argument("--epoch-samples", type=int, default=EPOCH_SAMPLES)
     p.add_argument("--server-timeout", type=float, default=600)
     p.add_argument("--offline-timeout", type=float, default=300)
-    p.add_argument("--train-timeout", type=float, default=900)
+    p.add_argument("--train-timeout", type=float, default=600)
     return p.parse_args(argv)
 
 
@@ -413,8 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"seed: {e}", file=sys.stderr)
         return 2
+    # a timeout's SIGTERM unwinds through the `finally`s: the server and trainer stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     report = run_all(args)
-    (args.work / "seed.json").write_text(json.dumps(report, indent=2))
     print("seed:", json.dumps(report.get("loop") or report.get("failed")))
     return 0 if "loop" in report and report["loop"]["samples_per_s"] else 1
 
