@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,7 @@ http.server.HTTPServer(('127.0.0.1', $PORT), H).serve_forever()" ;;
     for i in 1 2 3 4; do echo "{'global_step': $i}"; sleep 0.1; done ;;
   *"speculators train"*)
     echo "$$" >> "$STUB/pids-trainer"
+    [ -n "${HANG:-}" ] && exec sleep 300
     if [ "$(value --max-anchors "$@")" = 512 ]; then
       ask 3 0.05; echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB"; exit 1
     fi
@@ -109,7 +111,8 @@ def test_layer_ids_are_speculators_defaults() -> None:
     assert layer_ids("tiny") == [2, 4, 5]
 
 
-def test_seed_job_ends_stops_its_server_and_measures(tmp_path: Path) -> None:
+def stage(tmp_path: Path) -> tuple[Path, Path, dict[str, str], list[str]]:
+    """The work folder with its inputs made, the stand-ins, their environment, the command."""
     work, stub = tmp_path / "work", tmp_path / "stub"
     (work / "verifier").mkdir(parents=True)
     stub.mkdir()
@@ -126,6 +129,40 @@ def test_seed_job_ends_stops_its_server_and_measures(tmp_path: Path) -> None:
     args = [sys.executable, str(SEED), str(work), "--launcher", "launch_vllm.py", "--preset",
             "tiny", "--port", str(port), "--poll", "0.2", "--offline-samples", "8",
             "--steps", "3", "--server-timeout", "20", "--train-timeout", "30"]  # fmt: skip
+    return work, stub, env, args
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_stopped_job_stops_its_server_and_trainer(tmp_path: Path) -> None:
+    work, stub, env, args = stage(tmp_path)
+    job = subprocess.Popen(args, env={**env, "HANG": "1"}, stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(200):  # until the trainer runs
+            if (stub / "pids-trainer").exists():
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        job.terminate()  # what `timeout` sends
+        assert job.wait(40) == 143
+    finally:
+        job.kill()
+        pids = [int((stub / f"pids-{n}").read_text().split()[-1]) for n in ("server", "trainer")]
+        running = [p for p in pids if alive(p)]
+        for pid in pids:
+            subprocess.run(["kill", "-9", "--", f"-{pid}"], capture_output=True)
+    assert not running, "a stopped job left its server or trainer running"
+    assert json.loads((work / "seed.json").read_text())["server_ready_s"] > 0
+
+
+def test_seed_job_ends_stops_its_server_and_measures(tmp_path: Path) -> None:
+    work, stub, env, args = stage(tmp_path)
+    port = env["PORT"]
     try:
         done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=90)
     finally:  # a job that hangs leaves its server: stop it here too
