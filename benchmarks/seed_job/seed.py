@@ -436,15 +436,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.55)
     p.add_argument("--graphs", action="store_true", help="CUDA graphs (default: eager)")
     p.add_argument("--total-seq-len", type=int, default=8192)
-    p.add_argument("--anchors", type=int, nargs="+", default=[512, 256, 128],
-                   help="--max-anchors tried in turn while the trainer runs out of memory")
+    p.add_argument(
+        "--anchors",
+        type=int,
+        nargs="+",
+        default=[512, 256, 128],
+        help="--max-anchors tried in turn while the trainer runs out of memory",
+    )
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--workers", type=int, default=12)
     p.add_argument("--compile", action="store_true", help="leave torch.compile on")
     p.add_argument("--train-args", default="", help="more arguments for speculators train")
     p.add_argument("--offline-samples", type=int, default=256)
-    p.add_argument("--alone-steps", type=int, default=60,
-                   help="steps of the trainer alone from the offline files (0: none)")
+    p.add_argument(
+        "--alone-steps",
+        type=int,
+        default=60,
+        help="steps of the trainer alone from the offline files (0: none)",
+    )
     p.add_argument("--offline-concurrency", type=int, default=32)
     p.add_argument("--warm", type=float, default=0.4, help="fraction of the run's time left out")
     p.add_argument("--poll", type=float, default=5.0)

@@ -57,7 +57,8 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a): pass
 http.server.HTTPServer(('127.0.0.1', $PORT), H).serve_forever()" ;;
   *prepare-data*) mkdir -p "$(value --output "$@")" ;;
-  *generate-offline-data*) mkdir -p "$(value --output "$@")"; ask "$(value --max-samples "$@")" 0.01 ;;
+  *generate-offline-data*)
+    mkdir -p "$(value --output "$@")"; ask "$(value --max-samples "$@")" 0.01 ;;
   *"speculators train"*"--on-missing raise"*)  # alone, from the offline files
     echo "$$" >> "$STUB/pids-trainer"
     [ -d "$(value --hidden-states-path "$@")" ] || { echo "stub: no offline files" >&2; exit 1; }
@@ -68,7 +69,8 @@ http.server.HTTPServer(('127.0.0.1', $PORT), H).serve_forever()" ;;
     echo "$$" >> "$STUB/pids-trainer"
     [ -n "${HANG:-}" ] && exec sleep 300
     if [ "$(value --max-anchors "$@")" = 512 ]; then
-      ask 3 0.05; echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB"; exit 1
+      ask 3 0.05
+      echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB"; exit 1
     fi
     for i in 1 2 3; do echo "{'global_step': $i}"; done
     ask 30 0.05 ;;
@@ -79,15 +81,16 @@ esac
 NVIDIA_SMI = r"""#!/bin/bash
 # a stand-in nvidia-smi: the server 60,000 MiB and 70 % SM, the trainer 70,000 MiB and 20 %
 pids() { cat "$STUB/pids-$1" 2>/dev/null | tail -n 1; }
+up() { [ -n "$(pids "$1")" ] && kill -0 "$(pids "$1")" 2>/dev/null; }
 case "$*" in
   *query-gpu*) echo 131000 ;;
   *query-compute-apps*)
-    [ -n "$(pids server)" ] && echo "$(pids server), 60000"
-    [ -n "$(pids trainer)" ] && kill -0 "$(pids trainer)" 2>/dev/null && echo "$(pids trainer), 70000" ;;
+    up server && echo "$(pids server), 60000"
+    up trainer && echo "$(pids trainer), 70000" ;;
   pmon*)
     echo "# gpu pid type sm mem enc dec command"
-    [ -n "$(pids server)" ] && echo "    0 $(pids server) C 70 30 - - python3"
-    [ -n "$(pids trainer)" ] && kill -0 "$(pids trainer)" 2>/dev/null && echo "    0 $(pids trainer) C 20 5 - - python3" ;;
+    up server && echo "    0 $(pids server) C 70 30 - - python3"
+    up trainer && echo "    0 $(pids trainer) C 20 5 - - python3" ;;
 esac
 """
 
@@ -194,13 +197,19 @@ def test_seed_job_ends_stops_its_server_and_measures(tmp_path: Path) -> None:
     assert loop["tokens_per_s"] == round(loop["samples_per_s"] * 1500.0, 1)
     server_alone = report["server_alone"]
     assert server_alone["samples"] == 8 and server_alone["samples_per_s"] > 0
-    assert loop["vs_server_alone"] == round(loop["samples_per_s"] / server_alone["samples_per_s"], 3)
+    assert loop["vs_server_alone"] == round(
+        loop["samples_per_s"] / server_alone["samples_per_s"], 3
+    )
     alone = report["trainer_alone"]  # from the yardstick's files, the server stopped first
     assert alone["rc"] == 0 and alone["max_anchors"] == 256 and alone["steps_logged"] == 4
     assert f"--hidden-states-path {work}/offline-hs" in commands[-1], commands[-1]
     assert not (stub / "alone").exists(), "the trainer alone ran beside the server"
     assert alone["gpu_peak_mib"] == {"total_mib": 131000, "trainer_mib": 70000}
     assert not (work / "offline-hs").exists()  # the yardstick's files deleted at the end
-    assert report["gpu_peak_mib"] == {"server_mib": 60000, "total_mib": 131000, "trainer_mib": 70000}
+    assert report["gpu_peak_mib"] == {
+        "server_mib": 60000,
+        "total_mib": 131000,
+        "trainer_mib": 70000,
+    }
     assert report["server_sm_share"] == pytest.approx(70 / 90, abs=0.001)
     assert report["answered"] == 8 + 3 + 30
