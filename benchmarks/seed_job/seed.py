@@ -14,11 +14,16 @@ environment; plain when RUNNER is unset):
 4. the server alone: `speculators generate-offline-data` on `--offline-samples` samples (files
    deleted after), its rate the loop's yardstick;
 5. `speculators-hybrid run -- speculators train --speculator-type dflash --on-missing generate`
-   for `--steps` steps; while it runs, every `--poll` s: the server's answered requests (one a
-   sample) and each process's GPU memory and SM use (nvidia-smi);
-6. the server stopped; `seed.json`: samples/s and tokens/s in the steady part (after the first
-   `--warm` of the samples), the ratio to the server alone, the peaks of memory, the hours an
-   epoch of `--epoch-samples` samples takes at the measured rate, every phase's exit and time.
+   for `--steps` steps, again with fewer `--anchors` while it runs out of memory; every
+   `--poll` s: the server's answered requests (one a sample), the trainer's logged steps and
+   each process group's GPU memory and SM use (nvidia-smi);
+6. the server stopped, the trainer alone from step 4's files (`--on-missing raise`,
+   `--alone-steps` steps): its own steps/s and memory;
+7. `seed.json`: samples/s, steps/s and tokens/s over the later part of the run (`--warm`: the
+   first 40% of its time left out, while the data loaders fill their queues), the ratio to the
+   server alone, peaks of memory, the hours an epoch of `--epoch-samples` samples takes at the
+   measured rate, every phase's exit and time. A SIGTERM (the outer timeout) stops the server
+   and the trainer and still writes seed.json.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -184,8 +190,12 @@ def sm_share(rows: list[dict[str, Any]]) -> float | None:
 
 
 def timed(
-    cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None, started=None
-) -> dict:
+    cmd: list[str],
+    log: Path,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    started: Callable[[int], object] | None = None,
+) -> dict[str, Any]:
     """Run `cmd` in its own process group, logging to `log`; its whole group killed at timeout.
     `started(pid)` is called with the group's id once it runs."""
     t0 = time.time()
