@@ -11,8 +11,9 @@ environment; plain when RUNNER is unset):
 2. `speculators-hybrid launch` of the target with dummy weights (prefill-only, plugin on) and
    its own process group;
 3. `speculators prepare-data` through the server;
-4. the server alone: `speculators generate-offline-data` on `--offline-samples` samples (files
-   deleted after), its rate the loop's yardstick;
+4. the server alone: the first `--offline-samples` chats prepared on their own (`data-alone`)
+   and `speculators generate-offline-data` of them (files deleted at the end), its rate the
+   loop's yardstick;
 5. `speculators-hybrid run -- speculators train --speculator-type dflash --on-missing generate`
    for `--steps` steps, again with fewer `--anchors` while it runs out of memory; every
    `--poll` s: the server's answered requests (one a sample), the trainer's logged steps and
@@ -256,10 +257,11 @@ def train_cmd(a: argparse.Namespace, anchors: int, offline: bool = False) -> lis
         else ["--on-missing", "generate", "--vllm-endpoint", f"http://127.0.0.1:{a.port}/v1"]
     )
     steps, epochs = (a.alone_steps, 100) if offline else (a.steps, 1)
+    data = a.work / ("data-alone" if offline else "data")
     return [
         *runner(), sys.executable, "-m", "speculators_hybrid.cli", "run", "--",
         sys.executable, "-m", "speculators", "train", "--speculator-type", "dflash",
-        "--verifier-name-or-path", str(a.work / "verifier"), "--data-path", str(a.work / "data"),
+        "--verifier-name-or-path", str(a.work / "verifier"), "--data-path", str(data),
         "--save-path", str(a.work / "train"), "--log-dir", str(a.work / "train" / "logs"),
         *source, "--target-layer-ids", *map(str, layer_ids(a.preset)),
         "--total-seq-len", str(a.total_seq_len), "--max-anchors", str(anchors),
@@ -282,12 +284,28 @@ def build_inputs(a: argparse.Namespace, report: dict[str, Any]) -> None:
     report["chats"] = json.loads((a.work / "chats.json").read_text())
 
 
+def prepare(a: argparse.Namespace, chats: Path, name: str) -> dict[str, Any]:
+    """speculators' prepare-data of `chats` through the server into WORK/name."""
+    shutil.rmtree(a.work / name, ignore_errors=True)
+    cmd = [*runner(), sys.executable, "-m", "speculators", "prepare-data",
+           "--model", str(a.work / "verifier"), "--data", str(chats),
+           "--output", str(a.work / name), "--seq-length", str(a.max_model_len - 1),
+           "--render-endpoint", f"http://127.0.0.1:{a.port}",
+           "--num-preprocessing-workers", "8"]  # fmt: skip
+    return timed(cmd, a.work / "logs" / f"prepare-{name}.log", 900)
+
+
 def offline_rate(a: argparse.Namespace, poller: Poller, report: dict[str, Any]) -> None:
+    """The server alone writes the files of the first `--offline-samples` chats (prepared on
+    their own, `data-alone`: the trainer alone reads exactly these)."""
+    with (a.work / "chats.jsonl").open() as f, (a.work / "chats-alone.jsonl").open("w") as g:
+        g.writelines(line for _, line in zip(range(a.offline_samples), f))
+    report["prepare_alone"] = prepare(a, a.work / "chats-alone.jsonl", "data-alone")
     before, start = poller.answered(), len(poller.points)
     out = a.work / "offline-hs"
     cmd = [*runner(), sys.executable, "-m", "speculators", "generate-offline-data",
            "--endpoint", f"http://127.0.0.1:{a.port}/v1", "--preprocessed-data",
-           str(a.work / "data"), "--output", str(out), "--max-samples", str(a.offline_samples),
+           str(a.work / "data-alone"), "--output", str(out),
            "--concurrency", str(a.offline_concurrency)]  # fmt: skip
     run = timed(cmd, a.work / "logs" / "offline.log", a.offline_timeout)
     poller.sample()
@@ -387,13 +405,7 @@ def run_all(a: argparse.Namespace) -> dict[str, Any]:
         report["server_ready_s"] = round(time.time() - t1, 1)
         say(f"server: ready in {report['server_ready_s']} s; prepare-data")
         report["server_idle_mib"] = gpu_use(poller.groups)
-        shutil.rmtree(a.work / "data", ignore_errors=True)
-        cmd = [*runner(), sys.executable, "-m", "speculators", "prepare-data",
-               "--model", str(a.work / "verifier"), "--data", str(a.work / "chats.jsonl"),
-               "--output", str(a.work / "data"), "--seq-length", str(a.max_model_len - 1),
-               "--render-endpoint", f"http://127.0.0.1:{a.port}",
-               "--num-preprocessing-workers", "8"]  # fmt: skip
-        report["prepare_data"] = timed(cmd, a.work / "logs" / "prepare-data.log", 900)
+        report["prepare_data"] = prepare(a, a.work / "chats.jsonl", "data")
         if report["prepare_data"]["rc"] != 0:
             report["failed"] = "prepare-data"
             return report

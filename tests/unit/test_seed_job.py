@@ -56,12 +56,14 @@ class H(http.server.BaseHTTPRequestHandler):
         print('INFO:     127.0.0.1:1 - \"POST /v1/completions HTTP/1.1\" 200 OK', flush=True)
     def log_message(self, *a): pass
 http.server.HTTPServer(('127.0.0.1', $PORT), H).serve_forever()" ;;
-  *prepare-data*) mkdir -p "$(value --output "$@")" ;;
+  *prepare-data*)  # the number of samples, for generate-offline-data
+    out=$(value --output "$@"); mkdir -p "$out"; wc -l < "$(value --data "$@")" > "$out/n" ;;
   *generate-offline-data*)
-    mkdir -p "$(value --output "$@")"; ask "$(value --max-samples "$@")" 0.01 ;;
+    mkdir -p "$(value --output "$@")"; ask "$(cat "$(value --preprocessed-data "$@")/n")" 0.01 ;;
   *"speculators train"*"--on-missing raise"*)  # alone, from the offline files
     echo "$$" >> "$STUB/pids-trainer"
     [ -d "$(value --hidden-states-path "$@")" ] || { echo "stub: no offline files" >&2; exit 1; }
+    [ "$(cat "$(value --data-path "$@")/n")" = 8 ] || { echo "stub: not the 8 samples" >&2; exit 1; }
     python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/health', timeout=1)" \
       2>/dev/null && echo "server still up" >> "$STUB/alone"
     for i in 1 2 3 4; do echo "{'global_step': $i}"; sleep 0.1; done ;;
@@ -121,7 +123,7 @@ def stage(tmp_path: Path) -> tuple[Path, Path, dict[str, str], list[str]]:
     stub.mkdir()
     # inputs already made (verifier.py's own test makes them): the job must not rebuild them
     (work / "verifier" / "model.safetensors.index.json").write_text("{}")
-    (work / "chats.jsonl").write_text("")
+    (work / "chats.jsonl").write_text('{"conversations": []}\n' * 10)
     (work / "chats.json").write_text(json.dumps({"mean": 1500.0}))
     for name, text in (("runner.sh", RUNNER), ("nvidia-smi", NVIDIA_SMI)):
         (stub / name).write_text(text)
@@ -203,6 +205,7 @@ def test_seed_job_ends_stops_its_server_and_measures(tmp_path: Path) -> None:
     alone = report["trainer_alone"]  # from the yardstick's files, the server stopped first
     assert alone["rc"] == 0 and alone["max_anchors"] == 256 and alone["steps_logged"] == 4
     assert f"--hidden-states-path {work}/offline-hs" in commands[-1], commands[-1]
+    assert f"--data-path {work}/data-alone" in commands[-1], commands[-1]
     assert not (stub / "alone").exists(), "the trainer alone ran beside the server"
     assert alone["gpu_peak_mib"] == {"total_mib": 131000, "trainer_mib": 70000}
     assert not (work / "offline-hs").exists()  # the yardstick's files deleted at the end
