@@ -299,7 +299,7 @@ def offline_rate(a: argparse.Namespace, poller: Poller, report: dict[str, Any]) 
     """The server alone writes the files of the first `--offline-samples` chats (prepared on
     their own, `data-alone`: the trainer alone reads exactly these)."""
     with (a.work / "chats.jsonl").open() as f, (a.work / "chats-alone.jsonl").open("w") as g:
-        g.writelines(line for _, line in zip(range(a.offline_samples), f))
+        g.writelines(line for _, line in zip(range(a.offline_samples), f, strict=False))
     report["prepare_alone"] = prepare(a, a.work / "chats-alone.jsonl", "data-alone")
     before, start = poller.answered(), len(poller.points)
     out = a.work / "offline-hs"

@@ -63,7 +63,7 @@ http.server.HTTPServer(('127.0.0.1', $PORT), H).serve_forever()" ;;
   *"speculators train"*"--on-missing raise"*)  # alone, from the offline files
     echo "$$" >> "$STUB/pids-trainer"
     [ -d "$(value --hidden-states-path "$@")" ] || { echo "stub: no offline files" >&2; exit 1; }
-    [ "$(cat "$(value --data-path "$@")/n")" = 8 ] || { echo "stub: not the 8 samples" >&2; exit 1; }
+    [ "$(cat "$(value --data-path "$@")/n")" = 8 ] || { echo "stub: not 8 samples" >&2; exit 1; }
     python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/health', timeout=1)" \
       2>/dev/null && echo "server still up" >> "$STUB/alone"
     for i in 1 2 3 4; do echo "{'global_step': $i}"; sleep 0.1; done ;;
