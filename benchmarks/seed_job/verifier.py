@@ -73,7 +73,7 @@ def write_verifier(folder: Path, preset: str, files: int = 400, seed: int = 0) -
     tensors = {}
     for name, shape in verifier_tensors(preset).items():
         values = torch.randn(shape, generator=gen)
-        tensors[name] = (values * 0.02).to(torch.bfloat16)
+        tensors[name] = values.mul_(0.02).to(torch.bfloat16)
     save_file(tensors, str(folder / SHARD), metadata={"format": "pt"})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": dict.fromkeys(tensors, SHARD)}
