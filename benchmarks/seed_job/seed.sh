@@ -6,7 +6,7 @@
 #   bash benchmarks/seed_job/seed.sh poll N                       # wait up to N s, copy to $OUT
 # start copies this folder, benchmarks/acceptance (the tokenizer) and the launcher to $SEED
 # (default /tmp/stash/seed), so a later call replacing the working tree does not touch the run;
-# seed.py runs under `timeout $SEED_TIMEOUT` (default 1500 s) in its own session, its phases
+# seed.py runs under `timeout $SEED_TIMEOUT` (default 1320 s) in its own session, its phases
 # each bounded too. poll copies seed.json, the logs and the GPU samples to $OUT/seed.tgz.
 set -uo pipefail
 SEED=${SEED:-/tmp/stash/seed}
@@ -23,7 +23,7 @@ case "${1:-}" in
     [ -f .device/launch_vllm.py ] && cp .device/launch_vllm.py "$SEED/launch_vllm.py"
     if [ -f .device/bin/on-device.sh ]; then mkdir -p /tmp/stash/bin; cp .device/bin/on-device.sh /tmp/stash/bin/; fi
     # the orchestrator runs in the staged environment; its commands each go through $RUNNER too
-    RUNNER=$RUNNER setsid bash -c "cd $SEED/code && timeout ${SEED_TIMEOUT:-1500} bash $RUNNER run \
+    RUNNER=$RUNNER setsid bash -c "cd $SEED/code && timeout ${SEED_TIMEOUT:-1320} bash $RUNNER run \
       python3 benchmarks/seed_job/seed.py $SEED/work --launcher $SEED/launch_vllm.py $*; \
       echo \$? > $SEED/done" > "$SEED/seed.log" 2>&1 < /dev/null &
     sleep 2; echo "seed job started (pid $!)"
