@@ -22,7 +22,7 @@ about the share of the most common tokens, 0.1 or less. So:
 - EAGLE-3 (plugin) not below the float32 reference by more than REFERENCE_SLACK (item 4: the
   plugin's bf16 files should train as well as float32 ones, within run-to-run noise);
 - DFlash served as trained (the plugin drops M-RoPE from its config), no error;
-- every served drafter made drafts and an acceptance length > 1.
+- every served drafter made drafts, and all but the control an acceptance length > 1.
 
 The issue's own bar (0.38 at position 0, length 1.8) is reported in the summary, not asserted.
 On success the summary goes to `SPECULATORS_HYBRID_GPU_REPORT`, else to
@@ -77,8 +77,9 @@ def test_acceptance_floors(results: Path) -> None:
     got = {name: served(results, name) for name in SERVED}
     eagle, shuffled = first(got["eagle3"]), first(got["eagle3-shuffled"])
     nonorm, reference = first(got["eagle3-nonorm"]), first(got["eagle3-hf32"])
-    for name, report in got.items():
-        assert report["acceptance_length"] > 1, (name, report["acceptance_length"])
+    for name, report in got.items():  # the control may accept nothing: only it is exempt
+        if name != "eagle3-shuffled":
+            assert report["acceptance_length"] > 1, (name, report["acceptance_length"])
     assert eagle >= SHUFFLED_RATIO * shuffled, (eagle, shuffled)
     assert eagle - shuffled >= SHUFFLED_GAP, (eagle, shuffled)
     assert eagle >= nonorm + NORM_MARGIN, (eagle, nonorm)
