@@ -49,7 +49,7 @@ TRANSFORMERS = "transformers>=5.6"
 VERIFY = ("torch", TRANSFORMERS, "tqdm>=4.60")  # pyproject.toml's extra `verify`
 # The fp8 backend's own writer and reader code: check's and verify's fp8 tests write and read
 # files with it (torch and safetensors only)
-CONNECTORS = "hs-connectors==0.9.0"
+CONNECTORS = f"hs-connectors=={support.HS_CONNECTORS}"
 TOOLS = ("tox>=4.20", "tox-uv>=1.11", "wrapt>=1.14")  # .venv-tools: tox, uv, and this script
 FIND_LINKS = os.environ.get("PIP_FIND_LINKS", "/opt/wheels")
 
@@ -112,9 +112,7 @@ def envs() -> list[Env]:
         out.append(
             Env(
                 env_name("vllm", release),
-                PACKAGE
-                + TEST
-                + (TRANSFORMERS, f"vllm=={release}", f"hs-connectors=={support.HS_CONNECTORS}"),
+                PACKAGE + TEST + (TRANSFORMERS, f"vllm=={release}", CONNECTORS),
                 (f"{PYTEST}{select} {{posargs:{tests}}}",),
                 f"vLLM {release} on the CPU, {tier} tier",
             )
@@ -140,7 +138,7 @@ def envs() -> list[Env]:
             PACKAGE
             + TEST
             + (TRANSFORMERS, "datasets>=4", f"vllm=={MOONCAKE_VLLM}", "speculators==0.9.0")
-            + ("hs-connectors==0.9.0", f"mooncake-transfer-engine-non-cuda=={MOONCAKE}")
+            + (CONNECTORS, f"mooncake-transfer-engine-non-cuda=={MOONCAKE}")
             + (f"pyverbs=={PYVERBS}",),
             (
                 f"python {MOONCAKE_TESTS}/mooncake_store.py libibverbs {IBVERBS_DIR}",
