@@ -14,13 +14,15 @@
 #      EAGLE-3 with the plugin's verifier-norm patch disabled (SPECULATORS_HYBRID_DISABLED_PATCHES);
 #      with REFERENCE=1 (default), beside them: hf_states.py writes transformers' float32 states
 #      for the same prepared samples (and a row-shuffled copy, the control), then the same EAGLE-3
-#      is trained offline from each (`--hidden-states-path DIR --on-missing raise`); with FP8=1
+#      is trained offline from each (`--hidden-states-path DIR --on-missing raise`); with NOISE=1
+#      (default) the same EAGLE-3 again with --seed 1 (eagle3-seed1: run-to-run noise); with FP8=1
 #      (default 0) a second server on PORT+1 writes the fp8 backend's files
 #      (`--hidden-states-backend fp8`) and the same EAGLE-3 trains from it (eagle3-fp8);
 #   3. the server stopped, accept.py for the target alone and each drafter (k=3), one engine at a
 #      time; DFlash from a copy of its config without M-RoPE only if the as-trained one fails;
-#      then the two offline-trained EAGLE-3s (the shuffled control first); the EAGLE-3 on stock
-#      vLLM (plugin off); then, unless GRAPHS=0, target and EAGLE-3 with CUDA graphs.
+#      then the two offline-trained EAGLE-3s (the shuffled control first), the seed-1 EAGLE-3,
+#      the EAGLE-3 on stock vLLM (plugin off), eagle3-fp8; then, unless GRAPHS=0, target and
+#      EAGLE-3 with CUDA graphs.
 # Each phase's JSON lands in $ACC/results, which poll copies to $OUT/acc.
 set -uo pipefail
 ACC=${ACC:-/tmp/stash/acc}
@@ -98,11 +100,12 @@ phase_train() {
   local server servers=() fp8_port=$((PORT + 1))
   start_server file "$PORT"; servers+=("$server"); local main=$server
   if [ "${FP8:-0}" = 1 ]; then start_server fp8 "$fp8_port" --hidden-states-backend fp8; servers+=("$server"); fi
-  if ! wait_ready 300 "$main" "$PORT" \
-      || { [ "${FP8:-0}" = 1 ] && ! wait_ready 300 "${servers[1]}" "$fp8_port"; }; then
-    say "server: FAILED"; stop_servers; return 1
-  fi
+  if ! wait_ready 300 "$main" "$PORT"; then say "server: FAILED"; stop_servers; return 1; fi
   say "server: ready"
+  local fp8=${FP8:-0}  # the fp8 server failing leaves its trainer out, not the loop
+  if [ "$fp8" = 1 ] && ! wait_ready 150 "${servers[1]}" "$fp8_port"; then
+    say "server fp8: FAILED (eagle3-fp8 left out)"; fp8=0
+  fi
   head -n "$CHATS" "$ACC/target/chats.jsonl" > "$ACC/chats-subset.jsonl"
   rm -rf "$ACC/data"
   timeout 600 bash $RUNNER run python3 -m speculators prepare-data \
@@ -118,7 +121,10 @@ phase_train() {
       train_one eagle3-nonorm eagle3 --num-layers 1 & trainers+=($!)
   fi
   [ "${REFERENCE:-1}" = 1 ] && { reference & trainers+=($!); }
-  if [ "${FP8:-0}" = 1 ]; then
+  if [ "${NOISE:-1}" = 1 ]; then  # the same EAGLE-3, another seed: run-to-run noise
+    SEED=1 train_one eagle3-seed1 eagle3 --num-layers 1 & trainers+=($!)
+  fi
+  if [ "$fp8" = 1 ]; then
     SERVER_PORT=$fp8_port train_one eagle3-fp8 eagle3 --num-layers 1 \
       --hidden-states-backend fp8 & trainers+=($!)
   fi
@@ -150,6 +156,7 @@ phase_accept() {
   local nonorm; nonorm=$(latest "$ACC/train-eagle3-nonorm")
   local hf32; hf32=$(latest "$ACC/train-eagle3-hf32")
   local shuffled; shuffled=$(latest "$ACC/train-eagle3-shuffled")
+  local seed1; seed1=$(latest "$ACC/train-eagle3-seed1")
   local fp8; fp8=$(latest "$ACC/train-eagle3-fp8")
   [ -f "$ACC/results/accept-target.json" ] || accept target $a $args
   [ -n "$eagle" ] && accept eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
@@ -171,8 +178,9 @@ EOF
   [ -n "$nonorm" ] && accept eagle3-nonorm $a --drafter "$nonorm" --method eagle3 --k 3 $args
   [ -n "$shuffled" ] && accept eagle3-shuffled $a --drafter "$shuffled" --method eagle3 --k 3 $args
   [ -n "$hf32" ] && accept eagle3-hf32 $a --drafter "$hf32" --method eagle3 --k 3 $args
-  [ -n "$fp8" ] && accept eagle3-fp8 $a --drafter "$fp8" --method eagle3 --k 3 $args
+  [ -n "$seed1" ] && accept eagle3-seed1 $a --drafter "$seed1" --method eagle3 --k 3 $args
   [ -n "$eagle" ] && accept eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
+  [ -n "$fp8" ] && accept eagle3-fp8 $a --drafter "$fp8" --method eagle3 --k 3 $args
   if [ "${GRAPHS:-1}" = 1 ]; then  # GRAPHS=0 saves two engine starts with CUDA graphs
     local g="bash $RUNNER run python3 $ACC/code/benchmarks/acceptance/accept.py"
     accept target-graphs $g $args

@@ -34,6 +34,7 @@ case $args in
   *"speculators_hybrid.cli launch"*)
     port=$(value --port "$@")
     echo "$$ $(value --hidden-states-backend "$@")" >> "$STUB/servers"
+    [ -n "${FP8_FAILS:-}" ] && [ "$(value --hidden-states-backend "$@")" = fp8 ] && exit 1
     exec python3 -c "
 import http.server
 class H(http.server.BaseHTTPRequestHandler):
@@ -47,8 +48,8 @@ http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()" ;;
     mkdir -p "$5" "$(value --shuffled-copy "$@")"; echo '{}' > "$(value --report "$@")" ;;
   *"speculators train"*)
     save=$(value --save-path "$@"); mkdir -p "$save/1"
-    printf '{"off": "%s", "from": "%s %s %s", "backend": "%s", "rope_parameters": %s}' \
-      "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" "$(value --on-missing "$@")" \
+    printf '{"off": "%s", "seed": "%s", "from": "%s %s %s", "backend": "%s", "rope_parameters": %s}' \
+      "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" "$(value --seed "$@")" "$(value --on-missing "$@")" \
       "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" \
       "$(value --hidden-states-backend "$@")" '{"mrope_section": [1, 1]}' \
       > "$save/1/config.json" ;;
@@ -68,7 +69,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize(("reference", "graphs", "fp8"), [("1", "1", "0"), ("0", "0", "1")])
+@pytest.mark.parametrize(
+    ("reference", "graphs", "fp8"), [("1", "1", "0"), ("0", "0", "1"), ("0", "0", "fails")]
+)
 def test_loop_ends_stops_its_server_and_runs_every_phase(
     tmp_path: Path, reference: str, graphs: str, fp8: str
 ) -> None:
@@ -79,7 +82,9 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     runner.write_text(RUNNER)
     env = {**os.environ, "ACC": str(acc), "RUNNER": str(runner), "STUB": str(stub)}
     env |= {"PORT": str(free_port()), "TARGET_S": "1", "CHATS": "2", "STEPS": "1"}
-    env |= {"REFERENCE": reference, "GRAPHS": graphs, "FP8": fp8}
+    env |= {"REFERENCE": reference, "GRAPHS": graphs, "FP8": "0" if fp8 == "0" else "1"}
+    if fp8 == "fails":  # the fp8 server dies at start: the loop goes on without eagle3-fp8
+        env["FP8_FAILS"] = "1"
     left_running = False
     try:
         done = subprocess.run(
@@ -95,28 +100,34 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     assert "loop: finished" in status, status
 
     assert not left_running, "the loop left a training server running"
-    assert sorted(servers.values()) == (["", "fp8"] if fp8 == "1" else [""])
+    assert sorted(servers.values()) == ([""] if fp8 == "0" else ["", "fp8"])
+    assert ("server fp8: FAILED" in status) == (fp8 == "fails")
     assert "train eagle3-nonorm: exit 0" in status
 
     offline = ("eagle3-hf32", "eagle3-shuffled") if reference == "1" else ()
     from_fp8 = ("eagle3-fp8",) if fp8 == "1" else ()
     configs = {
         name: json.loads(path.read_text())
-        for name in ("eagle3", "dflash", "eagle3-nonorm", *offline, "eagle3-hf32", "eagle3-fp8")
+        for name in ("eagle3", "dflash", "eagle3-nonorm", "eagle3-seed1", *offline, *from_fp8)
         if (path := acc / f"train-{name}" / "1" / "config.json").exists()
     }
     assert {name: c["off"] for name, c in configs.items()} == {
         "eagle3": "",
         "dflash": "",
         "eagle3-nonorm": "verifier-norm-eagle3",
-        **{name: "" for name in (*offline, *from_fp8)},
+        **{name: "" for name in ("eagle3-seed1", *offline, *from_fp8)},
+    }
+    assert {name: c["seed"] for name, c in configs.items()} == {
+        name: "1" if name == "eagle3-seed1" else "0" for name in configs
     }
     if from_fp8:  # the second server's fp8 files, read as fp8
         fp8_server = f"generate  http://127.0.0.1:{int(env['PORT']) + 1}/v1"
         assert configs["eagle3-fp8"]["from"] == fp8_server
         assert configs["eagle3-fp8"]["backend"] == "fp8" and configs["eagle3"]["backend"] == ""
     online = f"generate  http://127.0.0.1:{env['PORT']}/v1"
-    assert {configs[n]["from"] for n in ("eagle3", "dflash", "eagle3-nonorm")} == {online}
+    assert {configs[n]["from"] for n in ("eagle3", "dflash", "eagle3-nonorm", "eagle3-seed1")} == {
+        online
+    }
     if offline:  # from the reference folders, never from the server
         assert configs["eagle3-hf32"]["from"] == f"raise {acc}/hs-hf32 "
         assert configs["eagle3-shuffled"]["from"] == f"raise {acc}/hs-shuffled "
@@ -132,6 +143,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
             "eagle3",
             "dflash-1d",
             "eagle3-nonorm",
+            "eagle3-seed1",
             *offline,
             *from_fp8,
             "eagle3-stock",
