@@ -1,0 +1,71 @@
+"""The acceptance table of a finished loop, from its results folder (accept-*.json).
+
+    python benchmarks/acceptance/table.py RESULTS_DIR
+
+One markdown row per engine, in the loop's order: acceptance per position, acceptance length,
+decode tokens/s (all prompts at once; one at a time) and their ratio to the target alone; an
+engine that did not start shows the last line of the engine's own error (accept-NAME.cause.txt).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ORDER = (
+    "target",
+    "eagle3",
+    "dflash",
+    "dflash-1d",
+    "eagle3-nonorm",
+    "eagle3-shuffled",
+    "eagle3-hf32",
+    "eagle3-seed1",
+    "eagle3-stock",
+    "eagle3-fp8",
+    "target-graphs",
+    "eagle3-graphs",
+)
+
+
+def row(name: str, r: dict[str, Any], base: dict[str, Any] | None, cause: str) -> str:
+    if "error" in r:
+        cause = (cause or r["error"]).strip().splitlines()[-1][:160]
+        return f"| {name} | not served: `{cause}` | - | - | - |"
+    per_pos = ", ".join(f"{v:.3f}" for v in r.get("acceptance_per_position", [])) or "-"
+    length = f"{r['acceptance_length']:.2f}" if r.get("acceptance_length") else "-"
+    rates = f"{r['batch_tok_s']:,.0f} / {r['serial_tok_s']:,.1f}"
+    if base and name != "target" and "batch_tok_s" in base:
+        ratio = f"{r['batch_tok_s'] / base['batch_tok_s']:.2f}x / {r['serial_tok_s'] / base['serial_tok_s']:.2f}x"
+    else:
+        ratio = "-"
+    return f"| {name} | {per_pos} | {length} | {rates} | {ratio} |"
+
+
+def table(folder: Path) -> str:
+    found = {p.name[len("accept-") : -len(".json")]: p for p in folder.glob("accept-*.json")}
+    names = [n for n in ORDER if n in found] + sorted(set(found) - set(ORDER))
+    results = {n: json.loads(found[n].read_text()) for n in names}
+    lines = [
+        "| engine (k=3) | acceptance per position | length | decode tok/s, all at once / one at a time | vs target |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names:
+        base = results.get("target-graphs" if name.endswith("-graphs") else "target")
+        cause = folder / f"accept-{name}.cause.txt"
+        lines.append(row(name, results[name], base, cause.read_text() if cause.exists() else ""))
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or not Path(argv[0]).is_dir():
+        print("usage: table.py RESULTS_DIR (a folder with the loop's accept-*.json)", file=sys.stderr)
+        return 2
+    print(table(Path(argv[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
