@@ -195,6 +195,9 @@ case "${1:-}" in
     rm -rf "$ACC/code/benchmarks/acceptance"; cp -r benchmarks/acceptance "$ACC/code/benchmarks/"
     cp .device/launch_vllm.py "$ACC/launch_vllm.py"
     mkdir -p /tmp/stash/bin; cp .device/bin/on-device.sh /tmp/stash/bin/
+    # a Triton cache from an earlier run (poll brings it back as triton.tgz) skips most of the
+    # engines' cold start; one that does not match is simply not used
+    [ -f .device/triton.tgz ] && mkdir -p "$TRITON_HOME" && tar xzf .device/triton.tgz -C "$TRITON_HOME"
     setsid bash "$ACC/code/benchmarks/acceptance/loop.sh" all > "$ACC/logs/loop.log" 2>&1 < /dev/null &
     sleep 2; cat "$ACC/status" 2>/dev/null; echo "loop started"
     ;;
@@ -204,6 +207,10 @@ case "${1:-}" in
     end=$((SECONDS + ${2:-60}))
     while [ $SECONDS -lt $end ] && ! [ -f "$ACC/results/accept.done" ]; do sleep 5; done
     tar czf "$OUT/acc.tgz" -C "$ACC" results logs status 2>/dev/null
+    if [ -f "$ACC/results/accept.done" ]; then  # for the next machine's cold start, if small
+      tar czf /tmp/stash/triton.tgz -C "$TRITON_HOME" . 2>/dev/null
+      [ "$(stat -c %s /tmp/stash/triton.tgz)" -lt $((40 << 20)) ] && cp /tmp/stash/triton.tgz "$OUT/"
+    fi
     for f in "$ACC"/results/*.json; do [ -f "$f" ] && { echo "== $f"; head -c 1500 "$f"; echo; }; done
     cat "$ACC/status"; for f in "$ACC"/logs/*.log; do echo "== $f"; tail -n 4 "$f"; done
     nvidia-smi --query-gpu=memory.used --format=csv,noheader
