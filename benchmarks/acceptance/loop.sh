@@ -55,7 +55,7 @@ train_one() {  # name speculator-type extra-args...; from the folder $HS offline
   local source=(--on-missing generate --vllm-endpoint "http://127.0.0.1:${SERVER_PORT:-$PORT}/v1")
   [ -n "${HS:-}" ] && source=(--hidden-states-path "$HS" --on-missing raise)
   rm -rf "$ACC/train-$name"; mkdir -p "$ACC/train-$name"
-  TORCHDYNAMO_DISABLE=${TRAIN_EAGER-1} timeout 900 \
+  TORCHDYNAMO_DISABLE=${TRAIN_EAGER-1} timeout "${TRAIN_TIMEOUT:-900}" \
     bash $RUNNER run python3 -m speculators_hybrid.cli run -- \
     python3 -m speculators train --speculator-type "$kind" --verifier-name-or-path "$ACC/target" \
     --data-path "$ACC/data" --save-path "$ACC/train-$name" --log-dir "$ACC/train-$name/logs" \
@@ -175,12 +175,20 @@ strip(c); json.dump(c, open(p, "w"), indent=2)
 EOF
     accept dflash-1d $a --drafter "$ACC/dflash-1d" --method dflash --k 3 $args
   fi
-  [ -n "$nonorm" ] && accept eagle3-nonorm $a --drafter "$nonorm" --method eagle3 --k 3 $args
-  [ -n "$shuffled" ] && accept eagle3-shuffled $a --drafter "$shuffled" --method eagle3 --k 3 $args
-  [ -n "$hf32" ] && accept eagle3-hf32 $a --drafter "$hf32" --method eagle3 --k 3 $args
-  [ -n "$seed1" ] && accept eagle3-seed1 $a --drafter "$seed1" --method eagle3 --k 3 $args
-  [ -n "$eagle" ] && accept eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
-  [ -n "$fp8" ] && accept eagle3-fp8 $a --drafter "$fp8" --method eagle3 --k 3 $args
+  # the controls: only their acceptance counts, so with PARALLEL=1 (default) their engines
+  # share the GPU at once (results/parallel.txt names them: their decode rates do not compare)
+  local side=() pids=()  # wait for these only, never a bare `wait`
+  control() {
+    side+=("$1")
+    if [ "${PARALLEL:-1}" = 1 ]; then accept "$@" & pids+=($!); else accept "$@"; fi
+  }
+  [ -n "$nonorm" ] && control eagle3-nonorm $a --drafter "$nonorm" --method eagle3 --k 3 $args
+  [ -n "$shuffled" ] && control eagle3-shuffled $a --drafter "$shuffled" --method eagle3 --k 3 $args
+  [ -n "$hf32" ] && control eagle3-hf32 $a --drafter "$hf32" --method eagle3 --k 3 $args
+  [ -n "$seed1" ] && control eagle3-seed1 $a --drafter "$seed1" --method eagle3 --k 3 $args
+  [ -n "$eagle" ] && control eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
+  [ -n "$fp8" ] && control eagle3-fp8 $a --drafter "$fp8" --method eagle3 --k 3 $args
+  if [ ${#pids[@]} -gt 0 ]; then printf '%s\n' "${side[@]}" > "$ACC/results/parallel.txt"; wait "${pids[@]}"; fi
   if [ "${GRAPHS:-1}" = 1 ]; then  # GRAPHS=0 saves two engine starts with CUDA graphs
     local g="bash $RUNNER run python3 $ACC/code/benchmarks/acceptance/accept.py"
     accept target-graphs $g $args

@@ -4,7 +4,8 @@
 
 One markdown row per engine, in the loop's order: acceptance per position, acceptance length,
 decode tokens/s (all prompts at once; one at a time) and their ratio to the target alone; an
-engine that did not start shows the last line of the engine's own error (accept-NAME.cause.txt).
+engine that did not start shows the last line of the engine's own error (accept-NAME.cause.txt);
+engines served side by side (parallel.txt) show their rates in brackets, not compared.
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ ORDER = (
 )
 
 
-def row(name: str, r: dict[str, Any], base: dict[str, Any] | None, cause: str) -> str:
+def row(name: str, r: dict[str, Any], base: dict[str, Any] | None, cause: str, shared: bool) -> str:
     if "error" in r:
         cause = (cause or r["error"]).strip().splitlines()[-1][:160]
         return f"| {name} | not served: `{cause}` | - | - | - |"
     per_pos = ", ".join(f"{v:.3f}" for v in r.get("acceptance_per_position", [])) or "-"
     length = f"{r['acceptance_length']:.2f}" if r.get("acceptance_length") else "-"
     rates = f"{r['batch_tok_s']:,.0f} / {r['serial_tok_s']:,.1f}"
-    if base and name != "target" and "batch_tok_s" in base:
+    if shared:  # served while other engines shared the GPU: rates do not compare
+        rates, ratio = f"({rates}, GPU shared)", "-"
+    elif base and name != "target" and "batch_tok_s" in base:
         ratio = f"{r['batch_tok_s'] / base['batch_tok_s']:.2f}x / {r['serial_tok_s'] / base['serial_tok_s']:.2f}x"
     else:
         ratio = "-"
@@ -48,6 +51,8 @@ def table(folder: Path) -> str:
     found = {p.name[len("accept-") : -len(".json")]: p for p in folder.glob("accept-*.json")}
     names = [n for n in ORDER if n in found] + sorted(set(found) - set(ORDER))
     results = {n: json.loads(found[n].read_text()) for n in names}
+    side = folder / "parallel.txt"  # engines the loop ran side by side
+    shared = set(side.read_text().split()) if side.exists() else set()
     lines = [
         "| engine (k=3) | acceptance per position | length | decode tok/s, all at once / one at a time | vs target |",
         "|---|---|---|---|---|",
@@ -55,13 +60,16 @@ def table(folder: Path) -> str:
     for name in names:
         base = results.get("target-graphs" if name.endswith("-graphs") else "target")
         cause = folder / f"accept-{name}.cause.txt"
-        lines.append(row(name, results[name], base, cause.read_text() if cause.exists() else ""))
+        text = cause.read_text() if cause.exists() else ""
+        lines.append(row(name, results[name], base, text, name in shared))
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or not Path(argv[0]).is_dir():
-        print("usage: table.py RESULTS_DIR (a folder with the loop's accept-*.json)", file=sys.stderr)
+        print(
+            "usage: table.py RESULTS_DIR (a folder with the loop's accept-*.json)", file=sys.stderr
+        )
         return 2
     print(table(Path(argv[0])))
     return 0

@@ -150,6 +150,8 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
             *(("target-graphs", "eagle3-graphs") if graphs == "1" else ()),
         )
     }, results
+    side_by_side = (acc / "results" / "parallel.txt").read_text().split()
+    assert "eagle3-stock" in side_by_side and "eagle3" not in side_by_side  # timed alone
     stock = json.loads((acc / "results" / "accept-eagle3-stock.json").read_text())
     assert "--eager" in stock["args"] and stock["off"] == "1"
     if graphs == "1":
