@@ -41,7 +41,8 @@ def row(name: str, r: dict[str, Any], base: dict[str, Any] | None, cause: str, s
     if shared:  # served while other engines shared the GPU: rates do not compare
         rates, ratio = f"({rates}, GPU shared)", "-"
     elif base and name != "target" and "batch_tok_s" in base:
-        ratio = f"{r['batch_tok_s'] / base['batch_tok_s']:.2f}x / {r['serial_tok_s'] / base['serial_tok_s']:.2f}x"
+        batch, serial = (r[k] / base[k] for k in ("batch_tok_s", "serial_tok_s"))
+        ratio = f"{batch:.2f}x / {serial:.2f}x"
     else:
         ratio = "-"
     return f"| {name} | {per_pos} | {length} | {rates} | {ratio} |"
@@ -54,7 +55,8 @@ def table(folder: Path) -> str:
     side = folder / "parallel.txt"  # engines the loop ran side by side
     shared = set(side.read_text().split()) if side.exists() else set()
     lines = [
-        "| engine (k=3) | acceptance per position | length | decode tok/s, all at once / one at a time | vs target |",
+        "| engine (k=3) | acceptance per position | length "
+        "| decode tok/s, all at once / one at a time | vs target |",
         "|---|---|---|---|---|",
     ]
     for name in names:

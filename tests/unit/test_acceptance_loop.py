@@ -49,7 +49,8 @@ http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()" ;;
   *"speculators train"*)
     save=$(value --save-path "$@"); mkdir -p "$save/1"
     printf '{"off": "%s", "seed": "%s", "from": "%s %s %s", "backend": "%s", "rope_parameters": %s}' \
-      "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" "$(value --seed "$@")" "$(value --on-missing "$@")" \
+      "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" "$(value --seed "$@")" \
+      "$(value --on-missing "$@")" \
       "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" \
       "$(value --hidden-states-backend "$@")" '{"mrope_section": [1, 1]}' \
       > "$save/1/config.json" ;;
