@@ -48,7 +48,8 @@ http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()" ;;
     mkdir -p "$5" "$(value --shuffled-copy "$@")"; echo '{}' > "$(value --report "$@")" ;;
   *"speculators train"*)
     save=$(value --save-path "$@"); mkdir -p "$save/1"
-    printf '{"off": "%s", "seed": "%s", "from": "%s %s %s", "backend": "%s", "rope_parameters": %s}' \
+    fmt='{"off": "%s", "seed": "%s", "from": "%s %s %s", "backend": "%s", "rope_parameters": %s}'
+    printf "$fmt" \
       "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" "$(value --seed "$@")" \
       "$(value --on-missing "$@")" \
       "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" \
