@@ -108,6 +108,9 @@ def test_acceptance_floors(results: Path) -> None:
             for name in ("eagle3", "dflash")
         },
     }
+    if (results / "accept-eagle3-seed1.json").is_file():  # run-to-run noise: another seed
+        seed1 = first(served(results, "eagle3-seed1"))
+        summary["seed_noise_position_0"] = round(abs(eagle - seed1), 4)
     for key, name in (("target_alone", "accept-target.json"), ("target", "target.json")):
         if (results / name).is_file():  # decode rates without a drafter; the target's loss
             summary[key] = json.loads((results / name).read_text())
