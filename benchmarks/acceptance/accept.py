@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serial", type=int, default=8, help="prompts then run one at a time")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.3, help="lower when engines share a GPU"
+    )
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=2048,
         max_num_seqs=64,
         kv_cache_memory_bytes=4 << 30,
-        gpu_memory_utilization=0.3,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.eager,
         disable_log_stats=False,
         gdn_prefill_backend="triton",

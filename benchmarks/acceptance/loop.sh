@@ -158,10 +158,31 @@ phase_accept() {
   local shuffled; shuffled=$(latest "$ACC/train-eagle3-shuffled")
   local seed1; seed1=$(latest "$ACC/train-eagle3-seed1")
   local fp8; fp8=$(latest "$ACC/train-eagle3-fp8")
-  [ -f "$ACC/results/accept-target.json" ] || accept target $a $args
-  [ -n "$eagle" ] && accept eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
-  if [ -n "$dflash" ] && ! accept dflash $a --drafter "$dflash" --method dflash --k 3 $args; then
-    rm -rf "$ACC/dflash-1d"; cp -r "$dflash" "$ACC/dflash-1d"
+  # PARALLEL=1 (default): the controls (acceptance only) are served at once after target, EAGLE-3
+  # and DFlash alone; PARALLEL=all: every engine at once (acceptance only; GRAPHS=1 then times
+  # target and EAGLE-3 alone); 0: one at a time. results/parallel.txt names those served at once.
+  local side=() pids=()  # wait for these only, never a bare `wait`
+  serve() {  # [--beside] NAME ARGS...
+    if [ "$1" = --beside ]; then
+      shift; side+=("$1"); local name=$1; shift
+      accept "$name" "$@" --gpu-memory-utilization 0.1 & pids+=($!)
+    else accept "$@"; fi
+  }
+  local lead="" rest="--beside"
+  [ "${PARALLEL:-1}" = all ] && lead="--beside"; [ "${PARALLEL:-1}" = 0 ] && rest=""
+  [ -f "$ACC/results/accept-target.json" ] || serve $lead target $a $args
+  [ -n "$eagle" ] && serve $lead eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
+  [ -n "$dflash" ] && serve $lead dflash $a --drafter "$dflash" --method dflash --k 3 $args
+  [ -n "$nonorm" ] && serve $rest eagle3-nonorm $a --drafter "$nonorm" --method eagle3 --k 3 $args
+  [ -n "$shuffled" ] && serve $rest eagle3-shuffled $a --drafter "$shuffled" --method eagle3 --k 3 $args
+  [ -n "$hf32" ] && serve $rest eagle3-hf32 $a --drafter "$hf32" --method eagle3 --k 3 $args
+  [ -n "$seed1" ] && serve $rest eagle3-seed1 $a --drafter "$seed1" --method eagle3 --k 3 $args
+  [ -n "$eagle" ] && serve $rest eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
+  [ -n "$fp8" ] && serve $rest eagle3-fp8 $a --drafter "$fp8" --method eagle3 --k 3 $args
+  if [ ${#pids[@]} -gt 0 ]; then printf '%s\n' "${side[@]}" > "$ACC/results/parallel.txt"; wait "${pids[@]}"; fi
+  local served="$ACC/results/accept-dflash.json"
+  if [ -n "$dflash" ] && { ! [ -f "$served" ] || grep -q '"error"' "$served"; }; then
+    rm -rf "$ACC/dflash-1d"; cp -r "$dflash" "$ACC/dflash-1d"  # as trained failed: a 1-D copy
     python3 - "$ACC/dflash-1d/config.json" <<'EOF'
 import json, sys
 p = sys.argv[1]; c = json.load(open(p))
@@ -175,20 +196,6 @@ strip(c); json.dump(c, open(p, "w"), indent=2)
 EOF
     accept dflash-1d $a --drafter "$ACC/dflash-1d" --method dflash --k 3 $args
   fi
-  # the controls: only their acceptance counts, so with PARALLEL=1 (default) their engines
-  # share the GPU at once (results/parallel.txt names them: their decode rates do not compare)
-  local side=() pids=()  # wait for these only, never a bare `wait`
-  control() {
-    side+=("$1")
-    if [ "${PARALLEL:-1}" = 1 ]; then accept "$@" & pids+=($!); else accept "$@"; fi
-  }
-  [ -n "$nonorm" ] && control eagle3-nonorm $a --drafter "$nonorm" --method eagle3 --k 3 $args
-  [ -n "$shuffled" ] && control eagle3-shuffled $a --drafter "$shuffled" --method eagle3 --k 3 $args
-  [ -n "$hf32" ] && control eagle3-hf32 $a --drafter "$hf32" --method eagle3 --k 3 $args
-  [ -n "$seed1" ] && control eagle3-seed1 $a --drafter "$seed1" --method eagle3 --k 3 $args
-  [ -n "$eagle" ] && control eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
-  [ -n "$fp8" ] && control eagle3-fp8 $a --drafter "$fp8" --method eagle3 --k 3 $args
-  if [ ${#pids[@]} -gt 0 ]; then printf '%s\n' "${side[@]}" > "$ACC/results/parallel.txt"; wait "${pids[@]}"; fi
   if [ "${GRAPHS:-1}" = 1 ]; then  # GRAPHS=0 saves two engine starts with CUDA graphs
     local g="bash $RUNNER run python3 $ACC/code/benchmarks/acceptance/accept.py"
     accept target-graphs $g $args
