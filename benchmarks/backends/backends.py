@@ -117,6 +117,7 @@ class Server:
             self.proc = subprocess.Popen(
                 cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
             )
+        self.started = time.time()
         (a.work / f"server-{backend}.pid").write_text(str(self.proc.pid))
 
     @property
@@ -270,6 +271,54 @@ def make_target(a: argparse.Namespace, report: dict[str, Any]) -> bool:
     return (a.target / "target.json").exists()
 
 
+def turn(a: argparse.Namespace, server: Server, extra: list[str], prepared: int) -> dict:
+    """One backend's turn, its server ready and alone at work: the trainer, bytes on disk."""
+    say(f"train {server.backend}")
+    result: dict[str, Any] = {"train": train(a, server, extra, prepared)}
+    if server.backend in ("file", "fp8") and a.sizes:
+        result["on_disk"] = sizes(a, server)
+    result["server_exit"] = server.stop()
+    result["server"] = server.errors()
+    say(f"train {server.backend}: exit {result['train']['rc']}")
+    return result
+
+
+def each_backend(
+    a: argparse.Namespace, report: dict, extra: dict[str, list[str]], servers: dict[str, Server]
+) -> None:
+    """Every server started at once (unless --one-at-a-time), then each backend in turn: its
+    server ready or its refusal recorded, prepare-data through the first ready one, its turn."""
+    results = report["results"]
+    todo = [(b, a.port + i) for i, b in enumerate(a.backends) if b not in results]
+
+    def start(b: str, port: int) -> Server:
+        if b not in servers:
+            servers[b] = Server(a, b, port, extra[b])
+        return servers[b]
+
+    if not a.one_at_a_time:
+        for b, port in todo:
+            start(b, port)
+    prepared = 0
+    for b, port in todo:
+        server = start(b, port)
+        say(f"server {b}: waiting")
+        if not server.ready(server.started + a.server_timeout):
+            refused = lines_with(server.log, REFUSED)
+            results[b] = {"refused": refused[-1]} if refused else {
+                "server_failed": tail(server.log, 5)}  # fmt: skip
+            results[b]["server_exit"] = server.stop()
+            say(f"server {b}: {'refused' if refused else 'FAILED'}")
+            continue
+        if not prepared:
+            prepared = prepare(a, server, report)
+            if not prepared:
+                say("prepare-data: FAILED")
+                return
+        results[b] = turn(a, server, extra[b], prepared)
+        (a.work / "backends.json").write_text(json.dumps(report, indent=2))
+
+
 def run_all(a: argparse.Namespace) -> dict[str, Any]:
     a.work.mkdir(parents=True, exist_ok=True)
     (a.work / "logs").mkdir(exist_ok=True)
@@ -279,7 +328,6 @@ def run_all(a: argparse.Namespace) -> dict[str, Any]:
     report["vllm"] = output(py(version)) or None
     save = lambda: (a.work / "backends.json").write_text(json.dumps(report, indent=2))  # noqa: E731
     servers: dict[str, Server] = {}
-    results = report["results"]
     try:
         with ExitStack() as stack:
             if not make_target(a, report):
@@ -290,40 +338,13 @@ def run_all(a: argparse.Namespace) -> dict[str, Any]:
                 say("mooncake: starting the master and store")
                 master = start_store(a, stack, report)
                 if master is None:
-                    results["mooncake"] = {"store_failed": report["store"]["failed"]}
+                    report["results"]["mooncake"] = {"store_failed": report["store"]["failed"]}
                 else:  # producer and consumer hold no segment: objects live in the store's
                     extra["mooncake"] = ["--mooncake-master", master,
                                          "--mooncake-global-segment-gib", "0",
                                          "--mooncake-local-buffer-gib", "0"]  # fmt: skip
             os.environ["MOONCAKE_LOCAL_HOSTNAME"] = LOOPBACK  # the launcher's advertised host
-            for i, b in enumerate(a.backends):
-                if b not in results:
-                    servers[b] = Server(a, b, a.port + i, extra[b])
-            say(f"servers: starting {' '.join(servers)}")
-            until = time.time() + a.server_timeout
-            ready = []
-            for b, server in servers.items():
-                if server.ready(until):
-                    ready.append(b)
-                    continue
-                refused = lines_with(server.log, REFUSED)
-                results[b] = {"refused": refused[-1]} if refused else {
-                    "server_failed": tail(server.log, 5)}  # fmt: skip
-                results[b]["server_exit"] = server.stop()
-            say(f"servers: ready {' '.join(ready) or 'none'}")
-            save()
-            prepared = prepare(a, servers[ready[0]], report) if ready else 0
-            save()
-            for b in ready if prepared else []:
-                server = servers[b]
-                say(f"train {b}")
-                results[b] = {"train": train(a, server, extra[b], prepared)}
-                if b in ("file", "fp8") and a.sizes:
-                    results[b]["on_disk"] = sizes(a, server)
-                results[b]["server_exit"] = server.stop()
-                results[b]["server"] = server.errors()
-                say(f"train {b}: exit {results[b]['train']['rc']}")
-                save()
+            each_backend(a, report, extra, servers)
     finally:
         for server in servers.values():
             server.stop()
@@ -347,6 +368,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=int(env("PORT", "8200")))
     p.add_argument("--sizes", type=int, default=32, help="samples written to measure bytes")
     p.add_argument("--store-segment", default="2 GB", help="the Mooncake store's memory")
+    p.add_argument("--one-at-a-time", action="store_true",
+                   default=env("ONE_AT_A_TIME", "0") == "1",
+                   help="start each server at its turn, not all at once")  # fmt: skip
     p.add_argument("--gpu-memory-utilization", type=float, default=0.25)
     p.add_argument("--poll", type=float, default=2.0)
     p.add_argument("--server-timeout", type=float, default=360)

@@ -139,12 +139,16 @@ def left_running(stub: Path) -> list[str]:
     return left
 
 
-@pytest.mark.parametrize(("vllm", "hang"), [("0.25.0", ""), ("0.20.1", ""), ("0.25.0", "fp8")])
+@pytest.mark.parametrize(
+    ("vllm", "hang", "one_at_a_time"),
+    [("0.25.0", "", "0"), ("0.20.1", "", "0"), ("0.25.0", "fp8", "0"), ("0.20.1", "", "1")],
+)
 def test_every_backend_trained_or_recorded_and_nothing_left(
-    tmp_path: Path, vllm: str, hang: str
+    tmp_path: Path, vllm: str, hang: str, one_at_a_time: str
 ) -> None:
     work, stub = tmp_path / "work", tmp_path / "stub"
     cmd, env, port = setup(tmp_path, vllm, hang, train_timeout=4)
+    env["ONE_AT_A_TIME"] = one_at_a_time
     t0 = time.time()
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
@@ -162,6 +166,12 @@ def test_every_backend_trained_or_recorded_and_nothing_left(
     servers = {line.split()[1]: line.split()[2:] for line in (stub / "servers").read_text().splitlines()}
     master = report["store"]["master"]
     assert servers["mooncake"] == [master, "127.0.0.1"]  # the launcher advertises loopback
+    starts = [line.split()[1] for line in lines(stub / "servers")]  # one each, in turn or at once
+    assert (starts if one_at_a_time == "1" else sorted(starts)) == ["file", "fp8", "mooncake"]
+    commands = lines(stub / "commands")
+    first_trainer = next(i for i, c in enumerate(commands) if "speculators train" in c)
+    fp8_start = next(i for i, c in enumerate(commands) if "cli launch" in c and "backend fp8" in c)
+    assert (fp8_start > first_trainer) == (one_at_a_time == "1")
     assert (stub / "rendered-by").read_text().strip() == f"http://127.0.0.1:{port}"
     if vllm == "0.20.1":  # launch's own line, recorded; no trainer for it
         assert results["mooncake"]["refused"].startswith("speculators-hybrid launch: error:")
