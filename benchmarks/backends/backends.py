@@ -99,14 +99,16 @@ def lines_with(path: Path, *needles: str) -> list[str]:
 class Server:
     """One `speculators-hybrid launch` in its own process group."""
 
-    def __init__(self, a: argparse.Namespace, backend: str, port: int, extra: list[str]) -> None:
+    def __init__(
+        self, a: argparse.Namespace, backend: str, port: int, extra: list[str], dry: bool = False
+    ) -> None:
         self.backend, self.port = backend, port
         self.log = a.work / "logs" / f"server-{backend}.log"
         self.hs = a.work / f"hs-{backend}"
         shutil.rmtree(self.hs, ignore_errors=True)
         cmd = [
             *runner(), sys.executable, "-m", "speculators_hybrid.cli", "launch",
-            "--launcher", str(a.launcher), str(a.target), "--hidden-states-path", str(self.hs),
+            *(["--dry-run"] if dry else []), "--launcher", str(a.launcher), str(a.target), "--hidden-states-path", str(self.hs),
             "--hidden-states-backend", backend, *extra, "--",
             f"--port={port}", "--max-model-len=1024", "--max-num-seqs=64",
             "--max-num-batched-tokens=8192", f"--kv-cache-memory-bytes={4 << 30}",
@@ -271,6 +273,19 @@ def make_target(a: argparse.Namespace, report: dict[str, Any]) -> bool:
     return (a.target / "target.json").exists()
 
 
+def without_store(a: argparse.Namespace, port: int, failed: list[str]) -> dict[str, Any]:
+    """No Mooncake store: `launch --dry-run` only tells whether it refuses the backend."""
+    server = Server(a, "mooncake", port, [], dry=True)
+    try:
+        server.proc.wait(180)
+    except subprocess.TimeoutExpired:
+        pass
+    exit_code = server.stop()
+    refused = lines_with(server.log, REFUSED)
+    said = {"refused": refused[-1]} if refused else {"launch_dry_run_exit": exit_code}
+    return {"store_failed": failed, **said}
+
+
 def turn(a: argparse.Namespace, server: Server, extra: list[str], prepared: int) -> dict:
     """One backend's turn, its server ready and alone at work: the trainer, bytes on disk."""
     say(f"train {server.backend}")
@@ -289,7 +304,8 @@ def each_backend(
     """Every server started at once (unless --one-at-a-time), then each backend in turn: its
     server ready or its refusal recorded, prepare-data through the first ready one, its turn."""
     results = report["results"]
-    todo = [(b, a.port + i) for i, b in enumerate(a.backends) if b not in results]
+    todo = [(b, a.port + i) for i, b in enumerate(a.backends)]
+    no_store = "failed" in report.get("store", {})
 
     def start(b: str, port: int) -> Server:
         if b not in servers:
@@ -298,9 +314,13 @@ def each_backend(
 
     if not a.one_at_a_time:
         for b, port in todo:
-            start(b, port)
+            if b != "mooncake" or not no_store:
+                start(b, port)
     prepared = 0
     for b, port in todo:
+        if b == "mooncake" and no_store:
+            results[b] = without_store(a, port, report["store"]["failed"])
+            continue
         server = start(b, port)
         say(f"server {b}: waiting")
         if not server.ready(server.started + a.server_timeout):
@@ -337,9 +357,7 @@ def run_all(a: argparse.Namespace) -> dict[str, Any]:
             if "mooncake" in a.backends:
                 say("mooncake: starting the master and store")
                 master = start_store(a, stack, report)
-                if master is None:
-                    report["results"]["mooncake"] = {"store_failed": report["store"]["failed"]}
-                else:  # producer and consumer hold no segment: objects live in the store's
+                if master is not None:  # producer and consumer hold no segment: objects live in the store's
                     extra["mooncake"] = ["--mooncake-master", master,
                                          "--mooncake-global-segment-gib", "0",
                                          "--mooncake-local-buffer-gib", "0"]  # fmt: skip

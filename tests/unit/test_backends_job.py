@@ -52,6 +52,7 @@ case $args in
       echo "speculators-hybrid launch: error: --hidden-states-backend mooncake cannot work on vLLM 0.20.1" >&2
       exit 2
     fi
+    case " $args " in *" --dry-run "*) echo "Would run (--dry-run, nothing started):"; exit 0 ;; esac
     mkdir -p "$(value --hidden-states-path "$@")"  # as the connector does
     exec python3 -c "
 import http.server
@@ -109,8 +110,11 @@ def alive(pid: str) -> bool:
         return False
 
 
-def setup(tmp_path: Path, vllm: str, hang: str, train_timeout: int) -> tuple[list[str], dict, int]:
-    """The command, its environment and its first port, with the stand-ins in tmp_path/stub."""
+def setup(
+    tmp_path: Path, vllm: str, hang: str, train_timeout: int, store: bool = True
+) -> tuple[list[str], dict, int]:
+    """The command, its environment and its first port, with the stand-ins in tmp_path/stub
+    (without `store`, no `mooncake` package is found)."""
     work, stub, acc = tmp_path / "work", tmp_path / "stub", tmp_path / "acc"
     package = stub / "site" / "mooncake"
     package.mkdir(parents=True)
@@ -121,7 +125,8 @@ def setup(tmp_path: Path, vllm: str, hang: str, train_timeout: int) -> tuple[lis
     runner = stub / "runner.sh"
     runner.write_text(RUNNER)
     env = {**os.environ, "RUNNER": str(runner), "STUB": str(stub), "VLLM": vllm}
-    env |= {"PREPARED": str(PREPARED), "HANG": hang, "PYTHONPATH": str(stub / "site")}
+    env |= {"PREPARED": str(PREPARED), "HANG": hang}
+    env["PYTHONPATH"] = str(stub / ("site" if store else "none"))
     env.pop("MOONCAKE_LOCAL_HOSTNAME", None)
     port = free_port()
     cmd = [sys.executable, str(JOB), str(work), "--launcher", "launch_vllm.py", "--acc", str(acc)]
@@ -140,14 +145,21 @@ def left_running(stub: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("vllm", "hang", "one_at_a_time"),
-    [("0.25.0", "", "0"), ("0.20.1", "", "0"), ("0.25.0", "fp8", "0"), ("0.20.1", "", "1")],
+    ("vllm", "hang", "one_at_a_time", "store"),
+    [
+        ("0.25.0", "", "0", True),
+        ("0.20.1", "", "0", True),
+        ("0.25.0", "fp8", "0", True),
+        ("0.20.1", "", "1", True),
+        ("0.20.1", "", "0", False),  # Mooncake not staged: launch still asked (--dry-run)
+        ("0.25.0", "", "1", False),
+    ],
 )
 def test_every_backend_trained_or_recorded_and_nothing_left(
-    tmp_path: Path, vllm: str, hang: str, one_at_a_time: str
+    tmp_path: Path, vllm: str, hang: str, one_at_a_time: str, store: bool
 ) -> None:
     work, stub = tmp_path / "work", tmp_path / "stub"
-    cmd, env, port = setup(tmp_path, vllm, hang, train_timeout=4)
+    cmd, env, port = setup(tmp_path, vllm, hang, train_timeout=4, store=store)
     env["ONE_AT_A_TIME"] = one_at_a_time
     t0 = time.time()
     try:
@@ -163,9 +175,11 @@ def test_every_backend_trained_or_recorded_and_nothing_left(
     assert report["vllm"] == vllm and report["prepare"]["samples"] == PREPARED
     assert set(results) == {"file", "fp8", "mooncake"}, done.stdout + done.stderr
 
-    servers = {line.split()[1]: line.split()[2:] for line in (stub / "servers").read_text().splitlines()}
-    master = report["store"]["master"]
-    assert servers["mooncake"] == [master, "127.0.0.1"]  # the launcher advertises loopback
+    servers = {line.split()[1]: line.split()[2:] for line in lines(stub / "servers")}
+    master = report["store"].get("master")
+    assert (master is None) == (not store) and ("failed" in report["store"]) == (not store)
+    advertised = [master, "127.0.0.1"] if master else ["127.0.0.1"]  # the launcher's: loopback
+    assert servers["mooncake"] == advertised
     starts = [line.split()[1] for line in lines(stub / "servers")]  # one each, in turn or at once
     assert (starts if one_at_a_time == "1" else sorted(starts)) == ["file", "fp8", "mooncake"]
     commands = lines(stub / "commands")
@@ -173,9 +187,15 @@ def test_every_backend_trained_or_recorded_and_nothing_left(
     fp8_start = next(i for i, c in enumerate(commands) if "cli launch" in c and "backend fp8" in c)
     assert (fp8_start > first_trainer) == (one_at_a_time == "1")
     assert (stub / "rendered-by").read_text().strip() == f"http://127.0.0.1:{port}"
+    if not store:  # the store's error, and what launch --dry-run said of the backend
+        assert "not installed" in results["mooncake"]["store_failed"][0]
+        dry = [c for c in lines(stub / "commands") if "cli launch" in c and "backend mooncake" in c]
+        assert len(dry) == 1 and "--dry-run" in dry[0]
     if vllm == "0.20.1":  # launch's own line, recorded; no trainer for it
         assert results["mooncake"]["refused"].startswith("speculators-hybrid launch: error:")
         assert "train" not in results["mooncake"]
+    elif not store:
+        assert results["mooncake"]["launch_dry_run_exit"] == 0 and "train" not in results["mooncake"]
     else:
         mooncake = results["mooncake"]["train"]
         assert mooncake["rc"] == 0 and mooncake["no_sample_dropped"], mooncake
