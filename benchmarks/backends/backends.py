@@ -152,22 +152,53 @@ class Server:
         return {"error_lines": len(found), "last_errors": found[-3:]}
 
 
+def native_libraries(work: Path) -> None:
+    """LD_LIBRARY_PATH for Mooncake's binaries and `mooncake.store` (here and in every process
+    started after): libibverbs.so.1, which its wheels omit, linked from the pyverbs wheel when
+    it is installed, and the folders in MOONCAKE_LIBS (system libraries the image lacks)."""
+    store = store_module()
+    paths = os.environ.get("MOONCAKE_LIBS", "").split(":")
+    pyverbs = store.package_dir("pyverbs")
+    if pyverbs is not None:
+        store.link_libibverbs(work / "ibverbs")
+        paths += [str(work / "ibverbs"), str(pyverbs.parent / "pyverbs.libs")]
+    now = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    os.environ["LD_LIBRARY_PATH"] = ":".join([p for p in paths if p and p not in now] + now)
+
+
+def missing_libraries(work: Path) -> list[str]:
+    """What the dynamic loader cannot find for Mooncake's master, store process and Python
+    module, as the run would load them (`ldd`); ["mooncake: not installed"] without it."""
+    native_libraries(work)
+    folder = store_module().package_dir("mooncake")
+    if folder is None:
+        return ["mooncake: not installed"]
+    missing = []
+    for name in ("mooncake_master", "mooncake_client", "store.so"):
+        try:
+            done = subprocess.run(
+                ["ldd", str(folder / name)], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            missing.append(f"{name}: {exc}")
+            continue
+        lines = (done.stdout + done.stderr).splitlines()
+        missing += [f"{name}: {line.split()[0]}" for line in lines if "not found" in line]
+    return list(dict.fromkeys(missing))
+
+
 def start_store(a: argparse.Namespace, stack: ExitStack, report: dict[str, Any]) -> str | None:
     """The Mooncake master and store process (stopped by `stack`); the master's address, or
     None with the reason in the report."""
     store = store_module()
-    pyverbs = store.package_dir("pyverbs")
-    if pyverbs is not None:  # Mooncake's binaries load libibverbs.so.1, which its wheels omit
-        folder = a.work / "ibverbs"
-        store.link_libibverbs(folder)
-        paths = [str(folder), str(pyverbs.parent / "pyverbs.libs"), os.environ.get("LD_LIBRARY_PATH")]
-        os.environ["LD_LIBRARY_PATH"] = ":".join(p for p in paths if p)
+    native_libraries(a.work)
     logs = a.work / "logs" / "mooncake"
     logs.mkdir(parents=True, exist_ok=True)
     try:
         running = stack.enter_context(store.running_store(logs, a.store_segment))
     except Exception as exc:  # noqa: BLE001 - recorded: the backend's result is its failure
         report["store"] = {"failed": str(exc).splitlines()[:6]}
+        report["store"]["missing_libraries"] = missing_libraries(a.work)
         return None
     report["store"] = {"master": running.master, "segment": a.store_segment}
     (a.work / "store.pids").write_text(" ".join(str(p.pid) for p in running.processes))
@@ -375,7 +406,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ.get
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("work", type=Path)
-    p.add_argument("--launcher", type=Path, required=True, help="speculators' launch_vllm.py")
+    p.add_argument("--launcher", type=Path, help="speculators' launch_vllm.py (required to run)")
+    p.add_argument("--check", action="store_true",
+                   help="only list the libraries Mooncake's binaries lack here, then exit")  # fmt: skip
     p.add_argument("--acc", type=Path, default=Path(env("ACC", "/tmp/stash/acc")),
                    help="the acceptance loop's folder: its target is reused")  # fmt: skip
     p.add_argument("--backends", nargs="+", default=env("BACKENDS", "file fp8 mooncake").split())
@@ -395,6 +428,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prepare-timeout", type=float, default=300)
     p.add_argument("--train-timeout", type=float, default=300)
     args = p.parse_args(argv)
+    if args.launcher is None and not args.check:
+        p.error("--launcher PATH (speculators' scripts/launch_vllm.py) is required")
     unknown = set(args.backends) - {"file", "fp8", "mooncake"}
     if unknown:
         p.error(f"unknown backend {' '.join(sorted(unknown))}: choose from file fp8 mooncake")
@@ -403,6 +438,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.check:
+        args.work.mkdir(parents=True, exist_ok=True)
+        missing = missing_libraries(args.work)
+        print("\n".join(missing) or "mooncake: every library found")
+        return 1 if missing else 0
     # a timeout's SIGTERM unwinds through the `finally`s: servers and store stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     report = run_all(args)
