@@ -265,7 +265,7 @@ def sizes(a: argparse.Namespace, server: Server) -> dict[str, Any]:
     cmd = [*runner(), sys.executable, "-m", "speculators", "generate-offline-data",
            "--endpoint", f"{server.endpoint}/v1", "--preprocessed-data", str(a.work / "data"),
            "--output", str(out), "--max-samples", str(a.sizes), "--concurrency", "8"]  # fmt: skip
-    run = timed(cmd, a.work / "logs" / f"sizes-{server.backend}.log", 180)
+    run = timed(cmd, a.work / "logs" / f"sizes-{server.backend}.log", 90)
     files = sorted(out.glob("hs_*.safetensors")) if out.is_dir() else []
     total = sum(f.stat().st_size for f in files)
     shutil.rmtree(out, ignore_errors=True)
@@ -308,7 +308,7 @@ def without_store(a: argparse.Namespace, port: int, failed: list[str]) -> dict[s
     """No Mooncake store: `launch --dry-run` only tells whether it refuses the backend."""
     server = Server(a, "mooncake", port, [], dry=True)
     try:
-        server.proc.wait(180)
+        server.proc.wait(120)
     except subprocess.TimeoutExpired:
         pass
     exit_code = server.stop()
@@ -412,8 +412,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--acc", type=Path, default=Path(env("ACC", "/tmp/stash/acc")),
                    help="the acceptance loop's folder: its target is reused")  # fmt: skip
     p.add_argument("--backends", nargs="+", default=env("BACKENDS", "file fp8 mooncake").split())
-    p.add_argument("--target-s", type=int, default=int(env("TARGET_S", "60")))
-    p.add_argument("--chats", type=int, default=int(env("CHATS", "1000")))
+    p.add_argument("--target-s", type=int, default=int(env("TARGET_S", "30")))
+    p.add_argument("--chats", type=int, default=int(env("CHATS", "500")))
     p.add_argument("--steps", type=int, default=int(env("STEPS", "0")), help="0: no limit")
     p.add_argument("--epochs", type=int, default=int(env("EPOCHS", "1")))
     p.add_argument("--port", type=int, default=int(env("PORT", "8200")))
@@ -424,9 +424,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="start each server at its turn, not all at once")  # fmt: skip
     p.add_argument("--gpu-memory-utilization", type=float, default=0.25)
     p.add_argument("--poll", type=float, default=2.0)
-    p.add_argument("--server-timeout", type=float, default=360)
-    p.add_argument("--prepare-timeout", type=float, default=300)
-    p.add_argument("--train-timeout", type=float, default=300)
+    p.add_argument("--server-timeout", type=float, default=330)
+    p.add_argument("--prepare-timeout", type=float, default=180)
+    p.add_argument("--train-timeout", type=float, default=240)
     args = p.parse_args(argv)
     if args.launcher is None and not args.check:
         p.error("--launcher PATH (speculators' scripts/launch_vllm.py) is required")

@@ -3,12 +3,13 @@
 # project and (for mooncake) Mooncake's wheels are staged; README.md in this folder gives the calls.
 #   bash benchmarks/backends/backends.sh start    # in the background (setsid)
 #   bash benchmarks/backends/backends.sh poll N   # wait up to N s, then copy to $OUT/backends.tgz
+#   bash benchmarks/backends/backends.sh check    # the libraries Mooncake's binaries lack here
 # start copies this folder, seed_job (its timed runs and poller), acceptance (target.py), the
 # store starter (tests/cpu/mooncake_store.py) and the launcher to $BK (default
 # /tmp/stash/backends), so a later call replacing the working tree does not touch the run;
-# backends.py runs under `timeout $BK_TIMEOUT` (default 900 s) in its own session, each of its
+# backends.py runs under `timeout $BK_TIMEOUT` (default 660 s) in its own session, each of its
 # phases bounded too. Knobs (environment of start): BACKENDS ("file fp8 mooncake"), CHATS
-# (1000), EPOCHS (1), STEPS (0: the whole epochs), TARGET_S (60, when $ACC/target is absent),
+# (500), EPOCHS (1), STEPS (0: the whole epochs), TARGET_S (30, when $ACC/target is absent),
 # PORT (8200), ACC (/tmp/stash/acc: the acceptance loop's target is reused).
 set -uo pipefail
 BK=${BK:-/tmp/stash/backends}
@@ -27,7 +28,7 @@ case "${1:-}" in
     [ -f .device/launch_vllm.py ] && cp .device/launch_vllm.py "$BK/launch_vllm.py"
     if [ -f .device/bin/on-device.sh ]; then mkdir -p /tmp/stash/bin; cp .device/bin/on-device.sh /tmp/stash/bin/; fi
     # the orchestrator runs in the staged environment; its commands each go through $RUNNER too
-    RUNNER=$RUNNER setsid bash -c "cd $BK/code && timeout ${BK_TIMEOUT:-900} bash $RUNNER run \
+    RUNNER=$RUNNER setsid bash -c "cd $BK/code && timeout ${BK_TIMEOUT:-660} bash $RUNNER run \
       python3 benchmarks/backends/backends.py $BK/work --launcher $BK/launch_vllm.py $*; \
       echo \$? > $BK/done" > "$BK/backends.log" 2>&1 < /dev/null &
     sleep 2; echo "backends run started (pid $!)"
@@ -43,5 +44,6 @@ case "${1:-}" in
     for f in "$BK"/work/logs/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 3 "$f"; }; done
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/null
     ;;
-  *) echo "usage: backends.sh start [backends.py options...] | poll SECONDS" >&2; exit 2 ;;
+  check) bash "$RUNNER" run python3 benchmarks/backends/backends.py "$BK/check" --check ;;
+  *) echo "usage: backends.sh start [backends.py options...] | poll SECONDS | check" >&2; exit 2 ;;
 esac
