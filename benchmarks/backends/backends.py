@@ -108,7 +108,8 @@ class Server:
         shutil.rmtree(self.hs, ignore_errors=True)
         cmd = [
             *runner(), sys.executable, "-m", "speculators_hybrid.cli", "launch",
-            *(["--dry-run"] if dry else []), "--launcher", str(a.launcher), str(a.target), "--hidden-states-path", str(self.hs),
+            *(["--dry-run"] if dry else []), "--launcher", str(a.launcher), str(a.target),
+            "--hidden-states-path", str(self.hs),
             "--hidden-states-backend", backend, *extra, "--",
             f"--port={port}", "--max-model-len=1024", "--max-num-seqs=64",
             "--max-num-batched-tokens=8192", f"--kv-cache-memory-bytes={4 << 30}",
@@ -244,10 +245,11 @@ def train(a: argparse.Namespace, server: Server, extra: list[str], prepared: int
     retries, gave_up = len(lines_with(log, RETRY)), len(lines_with(log, RETRY, GAVE_UP))
     text = log.read_text(errors="replace") if log.exists() else ""
     files_left = len(list(server.hs.glob("*.safetensors"))) if server.hs.is_dir() else None
+    whole = round(answered / run["seconds"], 3) if run["seconds"] else None
     return {
         **run, "steps_logged": text.count("global_step"), "answered": answered,
         "samples_per_s": steady_rate(points),
-        "samples_per_s_with_startup": round(answered / run["seconds"], 3) if run["seconds"] else None,
+        "samples_per_s_with_startup": whole,
         "round_trip_retries": retries, "samples_given_up": gave_up,
         "hidden_state_files_left": files_left, "prepared": prepared,
         # the whole epoch(s) asked for, each sample once, none given up
@@ -388,7 +390,9 @@ def run_all(a: argparse.Namespace) -> dict[str, Any]:
             if "mooncake" in a.backends:
                 say("mooncake: starting the master and store")
                 master = start_store(a, stack, report)
-                if master is not None:  # producer and consumer hold no segment: objects live in the store's
+                if (
+                    master is not None
+                ):  # producer and consumer hold no segment: objects live in the store's
                     extra["mooncake"] = ["--mooncake-master", master,
                                          "--mooncake-global-segment-gib", "0",
                                          "--mooncake-local-buffer-gib", "0"]  # fmt: skip
@@ -408,7 +412,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("work", type=Path)
     p.add_argument("--launcher", type=Path, help="speculators' launch_vllm.py (required to run)")
     p.add_argument("--check", action="store_true",
-                   help="only list the libraries Mooncake's binaries lack here, then exit")  # fmt: skip
+                   help="only list the libraries Mooncake lacks here, then exit")  # fmt: skip
     p.add_argument("--acc", type=Path, default=Path(env("ACC", "/tmp/stash/acc")),
                    help="the acceptance loop's folder: its target is reused")  # fmt: skip
     p.add_argument("--backends", nargs="+", default=env("BACKENDS", "file fp8 mooncake").split())

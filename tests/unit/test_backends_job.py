@@ -47,12 +47,14 @@ case $args in
     for i in 1 2 3 4 5 6 7 8; do echo '{"conversations": []}'; done > "$3/chats.jsonl" ;;
   *"speculators_hybrid.cli launch"*)
     backend=$(value --hidden-states-backend "$@"); port=$(value --port "$@")
-    echo "$$ $backend $(value --mooncake-master "$@") $MOONCAKE_LOCAL_HOSTNAME" >> "$STUB/servers"
+    master=$(value --mooncake-master "$@")
+    echo "$$ $backend $master $MOONCAKE_LOCAL_HOSTNAME" >> "$STUB/servers"
     if [ "$backend" = mooncake ] && [ "$VLLM" = 0.20.1 ]; then
-      echo "speculators-hybrid launch: error: --hidden-states-backend mooncake cannot work on vLLM 0.20.1" >&2
+      echo "speculators-hybrid launch: error: --hidden-states-backend mooncake cannot" \
+        "work on vLLM 0.20.1" >&2
       exit 2
     fi
-    case " $args " in *" --dry-run "*) echo "Would run (--dry-run, nothing started):"; exit 0 ;; esac
+    case " $args " in *" --dry-run "*) echo "Would run (--dry-run):"; exit 0 ;; esac
     mkdir -p "$(value --hidden-states-path "$@")"  # as the connector does
     exec python3 -c "
 import http.server
@@ -195,11 +197,16 @@ def test_every_backend_trained_or_recorded_and_nothing_left(
         assert results["mooncake"]["refused"].startswith("speculators-hybrid launch: error:")
         assert "train" not in results["mooncake"]
     elif not store:
-        assert results["mooncake"]["launch_dry_run_exit"] == 0 and "train" not in results["mooncake"]
+        assert (
+            results["mooncake"]["launch_dry_run_exit"] == 0 and "train" not in results["mooncake"]
+        )
     else:
         mooncake = results["mooncake"]["train"]
         assert mooncake["rc"] == 0 and mooncake["no_sample_dropped"], mooncake
-        trainers = {line.split()[0]: line.split()[1:] for line in (stub / "trainers").read_text().splitlines()}
+        trainers = {
+            line.split()[0]: line.split()[1:]
+            for line in (stub / "trainers").read_text().splitlines()
+        }
         assert trainers["mooncake"] == [master, "127.0.0.1"]
     for name in ("file", "fp8"):
         trained = results[name]["train"]
