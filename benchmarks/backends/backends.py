@@ -25,6 +25,7 @@ In WORK, each phase bounded by a timeout and run in its own process group, each 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -57,6 +58,7 @@ def say(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} backends: {message}", flush=True)
 
 
+@functools.cache
 def store_module() -> Any:
     """tests/cpu/mooncake_store.py: the one way this project starts a Mooncake store."""
     path = ROOT / "tests" / "cpu" / "mooncake_store.py"
