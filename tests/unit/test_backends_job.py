@@ -24,6 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "benchmarks" / "backends" / "backends.py"
+STANDIN = Path(__file__).with_name("standin_vllm.py")  # each server's stand-in
 PREPARED = 6
 
 RUNNER = r"""#!/bin/bash
@@ -56,17 +57,7 @@ case $args in
     fi
     case " $args " in *" --dry-run "*) echo "Would run (--dry-run):"; exit 0 ;; esac
     mkdir -p "$(value --hidden-states-path "$@")"  # as the connector does
-    exec python3 -c "
-import http.server
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-    def do_POST(self):
-        self.rfile.read(int(self.headers['Content-Length']))
-        self.send_response(200); self.end_headers(); self.wfile.write(b'{}')
-        print('INFO:     127.0.0.1:1 - \"POST /v1/completions HTTP/1.1\" 200 OK', flush=True)
-    def log_message(self, *a): pass
-http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()" ;;
+    exec python3 "$STANDIN" "$port" ;;
   *prepare-data*)
     out=$(value --output "$@"); mkdir -p "$out"; echo "$PREPARED" > "$out/n"
     echo "$(value --render-endpoint "$@")" > "$STUB/rendered-by" ;;
@@ -127,7 +118,7 @@ def setup(
     runner = stub / "runner.sh"
     runner.write_text(RUNNER)
     env = {**os.environ, "RUNNER": str(runner), "STUB": str(stub), "VLLM": vllm}
-    env |= {"PREPARED": str(PREPARED), "HANG": hang}
+    env |= {"PREPARED": str(PREPARED), "HANG": hang, "STANDIN": str(STANDIN)}
     env["PYTHONPATH"] = str(stub / ("site" if store else "none"))
     env.pop("MOONCAKE_LOCAL_HOSTNAME", None)
     port = free_port()
