@@ -16,6 +16,9 @@ BK=${BK:-/tmp/stash/backends}
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export TRITON_CACHE_AUTOTUNING=1 TRITON_HOME=/tmp/stash/triton-home VLLM_CACHE_ROOT=/tmp/stash/vllm-cache
 RUNNER=${RUNNER:-/tmp/stash/bin/on-device.sh}  # runs a command in the staged environment
+runner_in_stash() {
+  if [ -f .device/bin/on-device.sh ]; then mkdir -p /tmp/stash/bin; cp .device/bin/on-device.sh /tmp/stash/bin/; fi
+}
 
 case "${1:-}" in
   start)
@@ -26,7 +29,7 @@ case "${1:-}" in
       "$BK/code/benchmarks/"
     cp tests/cpu/mooncake_store.py "$BK/code/tests/cpu/"
     [ -f .device/launch_vllm.py ] && cp .device/launch_vllm.py "$BK/launch_vllm.py"
-    if [ -f .device/bin/on-device.sh ]; then mkdir -p /tmp/stash/bin; cp .device/bin/on-device.sh /tmp/stash/bin/; fi
+    runner_in_stash
     # the orchestrator runs in the staged environment; its commands each go through $RUNNER too
     RUNNER=$RUNNER setsid bash -c "cd $BK/code && timeout ${BK_TIMEOUT:-660} bash $RUNNER run \
       python3 benchmarks/backends/backends.py $BK/work --launcher $BK/launch_vllm.py $*; \
@@ -44,6 +47,6 @@ case "${1:-}" in
     for f in "$BK"/work/logs/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 3 "$f"; }; done
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/null
     ;;
-  check) bash "$RUNNER" run python3 benchmarks/backends/backends.py "$BK/check" --check ;;
+  check) runner_in_stash; bash "$RUNNER" run python3 benchmarks/backends/backends.py "$BK/check" --check ;;
   *) echo "usage: backends.sh start [backends.py options...] | poll SECONDS | check" >&2; exit 2 ;;
 esac

@@ -24,6 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "benchmarks" / "backends" / "backends.py"
+SCRIPT = ROOT / "benchmarks" / "backends" / "backends.sh"
 STANDIN = Path(__file__).with_name("standin_vllm.py")  # each server's stand-in
 PREPARED = 6
 
@@ -41,6 +42,7 @@ for _ in range($2):
 }
 echo "$args" >> "$STUB/commands"
 case $args in
+  *benchmarks/backends/backends.py*) exec "$@" ;;  # backends.sh's orchestrator, for real
   *"version('vllm')"*) echo "$VLLM" ;;
   *load_from_disk*) cat "$4/n" ;;
   *target.py*)
@@ -231,3 +233,32 @@ def test_a_sigterm_stops_every_server_and_the_store(tmp_path: Path) -> None:
     assert not left, "a SIGTERM left a server or store process running"
     report = json.loads((work / "backends.json").read_text())
     assert report["store"]["master"] and "seconds" in report
+
+
+def test_backends_sh_starts_polls_and_checks(tmp_path: Path) -> None:
+    """`backends.sh start` runs the job in the background from a copy of the code, `poll`
+    waits for it and brings back its report; `check` says what Mooncake lacks (here: all)."""
+    stub, bk, out = tmp_path / "stub", tmp_path / "bk", tmp_path / "out"
+    cmd, env, port = setup(tmp_path, "0.20.1", "", train_timeout=4, store=False)
+    env |= {"BK": str(bk), "OUT": str(out), "PORT": str(port), "TARGET_S": "1"}
+    env["ACC"] = str(tmp_path / "acc")
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # its python3: this one
+    try:
+        check = subprocess.run(["bash", str(SCRIPT), "check"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        start = subprocess.run(["bash", str(SCRIPT), "start"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        poll = subprocess.run(["bash", str(SCRIPT), "poll", "60"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=90)  # fmt: skip
+    finally:
+        left = left_running(stub)
+    assert check.returncode == 1 and "mooncake: not installed" in check.stdout, check.stdout
+    assert start.returncode == 0, start.stderr
+    assert "finished: exit 0" in poll.stdout, poll.stdout + (bk / "backends.log").read_text()
+    assert not left, "the run left a server running"
+    assert (bk / "code" / "benchmarks" / "backends" / "backends.py").exists()  # ran from a copy
+    listing = subprocess.run(["tar", "tzf", str(out / "backends.tgz")], capture_output=True,
+                             text=True, check=True).stdout.split()  # fmt: skip
+    assert "work/backends.json" in listing and "backends.log" in listing
+    report = json.loads((bk / "work" / "backends.json").read_text())
+    assert report["results"]["mooncake"]["refused"].startswith("speculators-hybrid launch: error:")
