@@ -25,7 +25,7 @@ from pathlib import Path
 LOOPBACK = "127.0.0.1"
 READY_S = 30.0  # each process: listening within this, else the fixture fails
 STOP_S = 10.0  # SIGTERM, then SIGKILL after this
-SEGMENT = "64 MB"  # the store process's memory for objects
+SEGMENT = "64 MB"  # the store process's memory for objects (the tests' default)
 
 
 def package_dir(name: str) -> Path | None:
@@ -101,8 +101,9 @@ def stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 
 @contextmanager
-def running_store(logs: Path) -> Iterator[Store]:
-    """The master and a store process on free loopback ports, stopped on exit."""
+def running_store(logs: Path, segment: str = SEGMENT) -> Iterator[Store]:
+    """The master and a store process on free loopback ports, stopped on exit; `segment`: the
+    store process's memory for objects (Mooncake's size syntax, e.g. "2 GB")."""
     binaries = package_dir("mooncake")
     if binaries is None:
         raise RuntimeError("mooncake-transfer-engine-non-cuda is not installed")
@@ -121,7 +122,7 @@ def running_store(logs: Path) -> Iterator[Store]:
         _start(
             [str(binaries / "mooncake_client"), f"-host={LOOPBACK}", f"-port={client}"]
             + [f"-master_server_address={master}", "-metadata_server=P2PHANDSHAKE"]
-            + ["-protocol=tcp", f"-global_segment_size={SEGMENT}"],
+            + ["-protocol=tcp", f"-global_segment_size={segment}"],
             logs / "store.log",
             client,
             started,

@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.seed_job.seed import EPOCH_SAMPLES, hours_per_epoch, layer_ids, steady_rate  # noqa: E402
 
 SEED = ROOT / "benchmarks" / "seed_job" / "seed.py"
+STANDIN = Path(__file__).with_name("standin_vllm.py")  # the server's stand-in
 
 RUNNER = r"""#!/bin/bash
 # a stand-in for on-device.sh: `run CMD...` answers the seed job's commands
@@ -45,17 +46,7 @@ echo "$args" >> "$STUB/commands"
 case $args in
   *"speculators_hybrid.cli launch"*)
     echo "$$" >> "$STUB/pids-server"
-    exec python3 -c "
-import http.server, sys
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-    def do_POST(self):
-        self.rfile.read(int(self.headers['Content-Length']))
-        self.send_response(200); self.end_headers(); self.wfile.write(b'{}')
-        print('INFO:     127.0.0.1:1 - \"POST /v1/completions HTTP/1.1\" 200 OK', flush=True)
-    def log_message(self, *a): pass
-http.server.HTTPServer(('127.0.0.1', $PORT), H).serve_forever()" ;;
+    exec python3 "$STANDIN" "$PORT" ;;
   *prepare-data*)  # the number of samples, for generate-offline-data
     out=$(value --output "$@"); mkdir -p "$out"; wc -l < "$(value --data "$@")" > "$out/n" ;;
   *generate-offline-data*)
@@ -130,6 +121,7 @@ def stage(tmp_path: Path) -> tuple[Path, Path, dict[str, str], list[str]]:
         (stub / name).chmod(0o755)
     port = free_port()
     env = {**os.environ, "RUNNER": str(stub / "runner.sh"), "STUB": str(stub), "PORT": str(port)}
+    env["STANDIN"] = str(STANDIN)
     env["NVIDIA_SMI"] = str(stub / "nvidia-smi")
     args = [sys.executable, str(SEED), str(work), "--launcher", "launch_vllm.py", "--preset",
             "tiny", "--port", str(port), "--poll", "0.2", "--offline-samples", "8",
