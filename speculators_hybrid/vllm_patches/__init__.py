@@ -8,6 +8,7 @@ from speculators_hybrid.vllm_patches import (
     backup_tokens,
     chunked_prompts,
     copy_ready,
+    dflash_causal,
     dflash_rope,
     eagle3_falcon_h1,
     eagle3_granite,
@@ -76,6 +77,7 @@ PATCHES: tuple[Patch, ...] = (
     prefill_only.PATCH,
     wide_hidden.PATCH,
     dflash_rope.PATCH,
+    dflash_causal.PATCH,
     text_only.PATCH,  # registers architectures (model_registration), wraps nothing
     own_page.PATCH,  # after the patches it wraps on top of (get_kv_cache_groups); keep last
 )
