@@ -12,6 +12,8 @@
 #      by side by `speculators train --on-missing generate` through `speculators-hybrid run`
 #      ($STEPS steps, at most $EPOCHS epochs), and with ABLATE=1 (default) a third, the same
 #      EAGLE-3 with the plugin's verifier-norm patch disabled (SPECULATORS_HYBRID_DISABLED_PATCHES);
+#      with DFLASH_FULL=1 (default) the same DFlash with every draft layer full attention
+#      (dflash-full: vLLM < 0.23 serves any DFlash so; speculators' default masks causally);
 #      with REFERENCE=1 (default), beside them: hf_states.py writes transformers' float32 states
 #      for the same prepared samples (and a row-shuffled copy, the control), then the same EAGLE-3
 #      is trained offline from each (`--hidden-states-path DIR --on-missing raise`); with NOISE=1
@@ -116,6 +118,10 @@ phase_train() {
   local trainers=()  # wait for these only: a bare `wait` would also wait for the server
   train_one eagle3 eagle3 --num-layers 1 & trainers+=($!)
   train_one dflash dflash --num-layers 2 --block-size 4 & trainers+=($!)
+  if [ "${DFLASH_FULL:-1}" = 1 ]; then  # every draft layer full: what vLLM < 0.23 serves
+    train_one dflash-full dflash --num-layers 2 --block-size 4 --full-attention-indices 0 1 \
+      & trainers+=($!)
+  fi
   if [ "${ABLATE:-1}" = 1 ]; then
     SPECULATORS_HYBRID_DISABLED_PATCHES=verifier-norm-eagle3 \
       train_one eagle3-nonorm eagle3 --num-layers 1 & trainers+=($!)
@@ -157,6 +163,7 @@ phase_accept() {
   local hf32; hf32=$(latest "$ACC/train-eagle3-hf32")
   local shuffled; shuffled=$(latest "$ACC/train-eagle3-shuffled")
   local seed1; seed1=$(latest "$ACC/train-eagle3-seed1")
+  local dfull; dfull=$(latest "$ACC/train-dflash-full")
   local fp8; fp8=$(latest "$ACC/train-eagle3-fp8")
   # PARALLEL=1 (default): the controls (acceptance only) are served at once after target, EAGLE-3
   # and DFlash alone; PARALLEL=all: every engine at once (acceptance only; GRAPHS=1 then times
@@ -173,6 +180,7 @@ phase_accept() {
   [ -f "$ACC/results/accept-target.json" ] || serve $lead target $a $args
   [ -n "$eagle" ] && serve $lead eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
   [ -n "$dflash" ] && serve $lead dflash $a --drafter "$dflash" --method dflash --k 3 $args
+  [ -n "$dfull" ] && serve $rest dflash-full $a --drafter "$dfull" --method dflash --k 3 $args
   [ -n "$nonorm" ] && serve $rest eagle3-nonorm $a --drafter "$nonorm" --method eagle3 --k 3 $args
   [ -n "$shuffled" ] && serve $rest eagle3-shuffled $a --drafter "$shuffled" --method eagle3 --k 3 $args
   [ -n "$hf32" ] && serve $rest eagle3-hf32 $a --drafter "$hf32" --method eagle3 --k 3 $args

@@ -20,6 +20,7 @@ ORDER = (
     "eagle3",
     "dflash",
     "dflash-1d",
+    "dflash-full",
     "eagle3-nonorm",
     "eagle3-shuffled",
     "eagle3-hf32",

@@ -48,17 +48,19 @@ http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()" ;;
     mkdir -p "$5" "$(value --shuffled-copy "$@")"; echo '{}' > "$(value --report "$@")" ;;
   *"speculators train"*)
     save=$(value --save-path "$@"); mkdir -p "$save/1"
-    fmt='{"off": "%s", "seed": "%s", "from": "%s %s %s", "backend": "%s", "rope_parameters": %s}'
+    fmt='{"off": "%s", "seed": "%s", "full": "%s", "from": "%s %s %s", "backend": "%s",'
+    fmt+=' "rope_parameters": %s}'
     printf "$fmt" \
       "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" "$(value --seed "$@")" \
+      "$(value --full-attention-indices "$@")" \
       "$(value --on-missing "$@")" \
       "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" \
       "$(value --hidden-states-backend "$@")" '{"mrope_section": [1, 1]}' \
       > "$save/1/config.json" ;;
   *accept.py*)
     out="${!#}"
-    case $args in *"--method dflash"*) case $args in *dflash-1d*) ;; *)
-      echo "ValueError: draft models do not support M-RoPE yet" >&2; exit 1;; esac;; esac
+    case $args in *"train-dflash/"*)  # the as-trained DFlash: refused, as stock vLLM does
+      echo "ValueError: draft models do not support M-RoPE yet" >&2; exit 1;; esac
     echo "{\"args\": \"$args\", \"off\": \"${SPECULATORS_HYBRID_DISABLE:-}\"}" > "$out" ;;
   *) echo "stub: unexpected: $args" >&2; exit 9 ;;
 esac
@@ -117,14 +119,25 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     from_fp8 = ("eagle3-fp8",) if fp8 == "1" else ()
     configs = {
         name: json.loads(path.read_text())
-        for name in ("eagle3", "dflash", "eagle3-nonorm", "eagle3-seed1", *offline, *from_fp8)
+        for name in (
+            "eagle3",
+            "dflash",
+            "dflash-full",
+            "eagle3-nonorm",
+            "eagle3-seed1",
+            *offline,
+            *from_fp8,
+        )
         if (path := acc / f"train-{name}" / "1" / "config.json").exists()
     }
     assert {name: c["off"] for name, c in configs.items()} == {
         "eagle3": "",
         "dflash": "",
         "eagle3-nonorm": "verifier-norm-eagle3",
-        **{name: "" for name in ("eagle3-seed1", *offline, *from_fp8)},
+        **{name: "" for name in ("dflash-full", "eagle3-seed1", *offline, *from_fp8)},
+    }
+    assert {name: c["full"] for name, c in configs.items()} == {
+        name: "0" if name == "dflash-full" else "" for name in configs
     }
     assert {name: c["seed"] for name, c in configs.items()} == {
         name: "1" if name == "eagle3-seed1" else "0" for name in configs
@@ -151,6 +164,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
             "target",
             "eagle3",
             "dflash-1d",
+            "dflash-full",
             "eagle3-nonorm",
             "eagle3-seed1",
             *offline,
