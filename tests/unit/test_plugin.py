@@ -71,6 +71,7 @@ FROM_022 = {
 NAMES = {"granite-layer-type-names"}  # vLLM 0.20-0.25: transformers >= 5.13's layer types
 ALL_MODE = {"no-prefix-caching-for-mamba-all-mode"}  # 0.22-0.31: the engine core would stop
 HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
+CAUSAL = {"dflash-causal-draft-blocks"}  # 0.23-0.25: the proposer reads causal; 0.26 sets it
 RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2
 WHOLE = {  # 0.24+ save at request_finished, make each request's lock in wait_for_save, and
     # queue each copy a step or two after the request's own
@@ -103,9 +104,10 @@ WHOLE = {  # 0.24+ save at request_finished, make each request's lock in wait_fo
             | NAMES
             | HIT
             | WHOLE
-            | ALL_MODE,
+            | ALL_MODE
+            | CAUSAL,
         ),
-        ("0.25.0", EVERY | FROM_022 | NAMES | HIT | WHOLE | ALL_MODE),
+        ("0.25.0", EVERY | FROM_022 | NAMES | HIT | WHOLE | ALL_MODE | CAUSAL),
         (
             "0.29.0",
             (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1 | WHOLE | ALL_MODE,
