@@ -20,11 +20,11 @@
 #      (default) the same EAGLE-3 again with --seed 1 (eagle3-seed1: run-to-run noise); with FP8=1
 #      (default 0) a second server on PORT+1 writes the fp8 backend's files
 #      (`--hidden-states-backend fp8`) and the same EAGLE-3 trains from it (eagle3-fp8);
-#   3. the server stopped, accept.py for the target alone and each drafter (k=3), one engine at a
-#      time; DFlash from a copy of its config without M-RoPE only if the as-trained one fails;
-#      then the two offline-trained EAGLE-3s (the shuffled control first), the seed-1 EAGLE-3,
-#      the EAGLE-3 on stock vLLM (plugin off), eagle3-fp8; then, unless GRAPHS=0, target and
-#      EAGLE-3 with CUDA graphs.
+#   3. the server stopped, accept.py (k=3) for the target alone, EAGLE-3 and DFlash, one engine
+#      at a time, then the controls at once (PARALLEL, below): dflash-full, the ablation, the
+#      two offline-trained EAGLE-3s, the seed-1 EAGLE-3, the EAGLE-3 on stock vLLM (plugin off),
+#      eagle3-fp8; DFlash from a copy of its config without M-RoPE only if the as-trained one
+#      fails; then, unless GRAPHS=0, target and EAGLE-3 with CUDA graphs.
 # Each phase's JSON lands in $ACC/results, which poll copies to $OUT/acc.
 set -uo pipefail
 ACC=${ACC:-/tmp/stash/acc}
