@@ -66,6 +66,13 @@ BUILD_META = ("7a379fa4d2bad460",)  # 0.24.0-0.34.0
 WAIT_FOR_SAVE = ("0d3c09e2b4e71fb9",)  # 0.24.0-0.34.0
 SUBMIT_ASYNC_WRITE = ("3919eee304b9859f", "3bb02be9a07dc09c")  # 0.24.0-0.29.0, 0.30.0-0.34.0
 
+# SpeculatorsConfig.extract_transformers_pre_trained_config: a speculators config.json becomes
+# the drafter's transformers config (dflash_rope, dflash_causal)
+SPECULATORS_CONFIG = "vllm.transformers_utils.configs.speculators.base"
+EXTRACT_NAME = "SpeculatorsConfig.extract_transformers_pre_trained_config"
+EXTRACT_BEFORE_031 = ("28fb1933a9cbb46b",)  # 0.20.0-0.30.0
+EXTRACT = (*EXTRACT_BEFORE_031, "7095a48b8a8f390a")  # 0.31.0-0.34.0
+
 
 def is_extraction(config: Any) -> bool:
     """`config` (a VllmConfig) runs speculators' hidden-state extraction."""

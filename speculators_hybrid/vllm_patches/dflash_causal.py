@@ -29,6 +29,11 @@ import logging
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
+from speculators_hybrid.vllm_patches._targets import (
+    EXTRACT_BEFORE_031,
+    EXTRACT_NAME,
+    SPECULATORS_CONFIG,
+)
 from speculators_hybrid.vllm_patches.dflash_rope import DFLASH_TYPES
 
 logger = logging.getLogger("vllm.speculators_hybrid")
@@ -69,12 +74,5 @@ PATCH = Patch(
     versions=">=0.23,<0.26",
     fixed_upstream="vLLM 0.26.0 (update_dflash sets dflash_config.causal)",
     why=__doc__ or "",
-    targets=(
-        Target(
-            "vllm.transformers_utils.configs.speculators.base",
-            "SpeculatorsConfig.extract_transformers_pre_trained_config",
-            _after_extract,
-            ("28fb1933a9cbb46b",),  # 0.20.0-0.30.0
-        ),
-    ),
+    targets=(Target(SPECULATORS_CONFIG, EXTRACT_NAME, _after_extract, EXTRACT_BEFORE_031),),
 )

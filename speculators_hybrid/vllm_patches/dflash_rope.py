@@ -40,6 +40,11 @@ import logging
 from typing import Any
 
 from speculators_hybrid.registry import Patch, Target, argument
+from speculators_hybrid.vllm_patches._targets import (
+    EXTRACT,
+    EXTRACT_NAME,
+    SPECULATORS_CONFIG,
+)
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
@@ -84,12 +89,5 @@ PATCH = Patch(
     versions=">=0.20,<0.34",
     fixed_upstream="none yet (vLLM 0.34.0 has no V1 proposer, so no refusal)",
     why=__doc__ or "",
-    targets=(
-        Target(
-            "vllm.transformers_utils.configs.speculators.base",
-            "SpeculatorsConfig.extract_transformers_pre_trained_config",
-            _after_extract,
-            ("28fb1933a9cbb46b", "7095a48b8a8f390a"),  # 0.20.0-0.30.0, 0.31.0-0.34.0
-        ),
-    ),
+    targets=(Target(SPECULATORS_CONFIG, EXTRACT_NAME, _after_extract, EXTRACT),),
 )
