@@ -43,7 +43,14 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.seed_job.seed import Poller, runner, steady_rate, timed, wait_ready  # noqa: E402
+from benchmarks.seed_job.seed import (  # noqa: E402
+    Poller,
+    runner,
+    steady_rate,
+    stop,
+    timed,
+    wait_ready,
+)
 
 LOOPBACK = "127.0.0.1"
 REFUSED = "speculators-hybrid launch: error:"  # launch's one line (launch.main)
@@ -134,21 +141,7 @@ class Server:
 
     def stop(self) -> int | None:
         """SIGTERM to its group, SIGKILL after 15 s; its exit code."""
-        if self.proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                    self.proc.wait(wait)
-                    break
-                except ProcessLookupError:
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        try:  # children left in the group (vLLM's engine core) go too
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return self.proc.poll()
+        return stop(self.proc, grace=15)
 
     def errors(self) -> dict[str, Any]:
         found = [line for line in tail(self.log, 100_000) if SERVER_ERROR.search(line)]

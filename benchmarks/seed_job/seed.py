@@ -368,15 +368,24 @@ def trainer_alone(a: argparse.Namespace, poller: Poller, report: dict[str, Any])
         )
 
 
-def stop(server: subprocess.Popen) -> None:
-    if server.poll() is not None:
-        return
-    os.killpg(server.pid, signal.SIGTERM)
+def stop(server: subprocess.Popen, grace: float = 30) -> int | None:
+    """SIGTERM to the server's process group, SIGKILL after `grace` s, then to what is left of
+    the group (vLLM's engine core); its exit code."""
+    if server.poll() is None:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(server.pid, sig)
+                server.wait(wait)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
     try:
-        server.wait(30)
-    except subprocess.TimeoutExpired:
         os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+    except ProcessLookupError:
+        pass
+    return server.poll()
 
 
 def run_all(a: argparse.Namespace) -> dict[str, Any]:
