@@ -1,6 +1,7 @@
 """A stand-in for a vLLM server in the orchestration tests (test_seed_job.py,
-test_backends_job.py): answers /health and /v1/completions on 127.0.0.1:PORT until stopped,
-logging each completion as vLLM's server does (the line the orchestrators count).
+test_backends_job.py, test_acceptance_loop.py): answers /health and /v1/completions on
+127.0.0.1:PORT until stopped, logging each completion as vLLM's server does (the line the
+orchestrators count). RUNNER_HEAD starts each test's stand-in runner.
 
     python tests/unit/standin_vllm.py PORT
 """
@@ -11,6 +12,15 @@ import http.server
 import sys
 
 ANSWERED = 'INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 200 OK'
+
+# The start of each test's stand-in for on-device.sh (`run CMD...`): the command in $args and
+# `value OPTION "$@"`, an option's value ("--opt v" or "--opt=v")
+RUNNER_HEAD = r"""#!/bin/bash
+shift  # "run"
+args="$*"
+value() { local want=$1; shift; while [ $# -gt 0 ]; do
+  case $1 in "$want") echo "$2"; return;; "$want"=*) echo "${1#*=}"; return;; esac; shift; done; }
+"""
 
 
 class Handler(http.server.BaseHTTPRequestHandler):

@@ -17,15 +17,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import standin_vllm
 
 LOOP = Path(__file__).resolve().parents[2] / "benchmarks" / "acceptance" / "loop.sh"
 
-RUNNER = r"""#!/bin/bash
-# a stand-in for on-device.sh: `run CMD...` answers the loop's commands
-shift  # "run"
-args="$*"
-value() { local want=$1; shift; while [ $# -gt 0 ]; do
-  case $1 in "$want") echo "$2"; return;; "$want"=*) echo "${1#*=}"; return;; esac; shift; done; }
+RUNNER = (
+    standin_vllm.RUNNER_HEAD
+    + r"""# answers the loop's commands
 case $args in
   *target.py*)
     mkdir -p "$3"; echo '{"heldout_loss": 1.0}' > "$3/target.json"
@@ -35,13 +33,7 @@ case $args in
     port=$(value --port "$@")
     echo "$$ $(value --hidden-states-backend "$@")" >> "$STUB/servers"
     [ -n "${FP8_FAILS:-}" ] && [ "$(value --hidden-states-backend "$@")" = fp8 ] && exit 1
-    exec python3 -c "
-import http.server
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-    def log_message(self, *a): pass
-http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()" ;;
+    exec python3 "$STANDIN" "$port" ;;
   *prepare-data*) mkdir -p "$(value --output "$@")" ;;
   *hf_states.py*)  # TARGET DATA OUT: after prepare-data
     [ -d "$4" ] || { echo "stub: no prepared data at $4" >&2; exit 1; }
@@ -65,6 +57,7 @@ http.server.HTTPServer(('127.0.0.1', $port), H).serve_forever()" ;;
   *) echo "stub: unexpected: $args" >&2; exit 9 ;;
 esac
 """
+)
 
 
 def free_port() -> int:
@@ -92,6 +85,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     runner = stub / "runner.sh"
     runner.write_text(RUNNER)
     env = {**os.environ, "ACC": str(acc), "RUNNER": str(runner), "STUB": str(stub)}
+    env["STANDIN"] = str(Path(standin_vllm.__file__))
     env |= {"PORT": str(free_port()), "TARGET_S": "1", "CHATS": "2", "STEPS": "1"}
     env |= {"REFERENCE": reference, "GRAPHS": graphs, "FP8": "0" if fp8 == "0" else "1"}
     if fp8 == "fails":  # the fp8 server dies at start: the loop goes on without eagle3-fp8

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+import standin_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "benchmarks" / "backends" / "backends.py"
@@ -28,12 +29,9 @@ SCRIPT = ROOT / "benchmarks" / "backends" / "backends.sh"
 STANDIN = Path(__file__).with_name("standin_vllm.py")  # each server's stand-in
 PREPARED = 6
 
-RUNNER = r"""#!/bin/bash
-# a stand-in for on-device.sh: `run CMD...` answers the backends run's commands
-shift  # "run"
-args="$*"
-value() { local want=$1; shift; while [ $# -gt 0 ]; do
-  case $1 in "$want") echo "$2"; return;; "$want"=*) echo "${1#*=}"; return;; esac; shift; done; }
+RUNNER = (
+    standin_vllm.RUNNER_HEAD
+    + r"""# answers the backends run's commands
 ask() {  # URL N: N completions from the server
   python3 -c "
 import urllib.request as u
@@ -75,6 +73,7 @@ case $args in
   *) echo "stub: unexpected: $args" >&2; exit 9 ;;
 esac
 """
+)
 
 LISTENER = r"""#!/usr/bin/env python3
 # a stand-in for Mooncake's %s: listens on the port it is given until stopped

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import standin_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -29,12 +30,9 @@ from benchmarks.seed_job.seed import EPOCH_SAMPLES, hours_per_epoch, layer_ids, 
 SEED = ROOT / "benchmarks" / "seed_job" / "seed.py"
 STANDIN = Path(__file__).with_name("standin_vllm.py")  # the server's stand-in
 
-RUNNER = r"""#!/bin/bash
-# a stand-in for on-device.sh: `run CMD...` answers the seed job's commands
-shift  # "run"
-args="$*"
-value() { local want=$1; shift; while [ $# -gt 0 ]; do
-  case $1 in "$want") echo "$2"; return;; "$want"=*) echo "${1#*=}"; return;; esac; shift; done; }
+RUNNER = (
+    standin_vllm.RUNNER_HEAD
+    + r"""# answers the seed job's commands
 ask() {  # N SLEEP: N completions from the server
   python3 -c "
 import sys, time, urllib.request as u
@@ -70,6 +68,7 @@ case $args in
   *) echo "stub: unexpected: $args" >&2; exit 9 ;;
 esac
 """
+)
 
 NVIDIA_SMI = r"""#!/bin/bash
 # a stand-in nvidia-smi: the server 60,000 MiB and 70 % SM, the trainer 70,000 MiB and 20 %
