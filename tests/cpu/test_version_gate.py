@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conftest import PATCHER, VLLM, vllm_patches
+from packaging.version import Version
 
 from speculators_hybrid.cli import main
 
@@ -86,10 +87,12 @@ NEEDED = {r: n | ({FAULTS, COPY_READY} if WHOLE in n else set()) for r, n in NEE
 # The V1 proposer refuses an M-RoPE drafter for parallel drafting (DFlash), 0.20-0.33
 DFLASH_ROPE = "dflash-drafter-text-rope"
 NEEDED = {r: n | ({DFLASH_ROPE} if r != "0.34.0" else set()) for r, n in NEEDED.items()}
-# The proposer reads dflash_config.causal from 0.23, and vLLM sets it itself from 0.26
+# DFlash draft blocks are served non-causal whatever the drafter was trained with, until vLLM
+# sets dflash_config.causal itself (0.26)
 DFLASH_CAUSAL = "dflash-causal-draft-blocks"
-for release in ("0.23.0", "0.24.0", "0.25.0", "0.25.1"):
-    NEEDED[release] = NEEDED[release] | {DFLASH_CAUSAL}
+NEEDED = {
+    r: n | ({DFLASH_CAUSAL} if Version(r) < Version("0.26") else set()) for r, n in NEEDED.items()
+}
 
 
 def test_installed_vllm_selects_exactly_its_patches():

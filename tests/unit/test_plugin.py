@@ -71,7 +71,7 @@ FROM_022 = {
 NAMES = {"granite-layer-type-names"}  # vLLM 0.20-0.25: transformers >= 5.13's layer types
 ALL_MODE = {"no-prefix-caching-for-mamba-all-mode"}  # 0.22-0.31: the engine core would stop
 HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
-CAUSAL = {"dflash-causal-draft-blocks"}  # 0.23-0.25: the proposer reads causal; 0.26 sets it
+CAUSAL = {"dflash-causal-draft-blocks"}  # 0.20-0.25: 0.26 sets dflash_config.causal itself
 RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2
 WHOLE = {  # 0.24+ save at request_finished, make each request's lock in wait_for_save, and
     # queue each copy a step or two after the request's own
@@ -84,8 +84,8 @@ WHOLE = {  # 0.24+ save at request_finished, make each request's lock in wait_fo
 @pytest.mark.parametrize(
     ("version", "expected"),
     [
-        ("0.20.1", EVERY | BEFORE_022 | WAIT),
-        ("0.21.0", EVERY | BEFORE_022 | WAIT),
+        ("0.20.1", EVERY | BEFORE_022 | WAIT | CAUSAL),
+        ("0.21.0", EVERY | BEFORE_022 | WAIT | CAUSAL),
         (
             "0.22.0",
             EVERY
@@ -93,6 +93,7 @@ WHOLE = {  # 0.24+ save at request_finished, make each request's lock in wait_fo
             | NAMES
             | ALL_MODE
             | WAIT
+            | CAUSAL
             | {"hidden-states-pad-slots", "hidden-states-chunked-prompts"}
             | {"no-prefix-caching-for-hybrid-extraction"},  # only with chunked prefill off
         ),
@@ -128,7 +129,7 @@ def test_disabled_patches_are_not_selected(monkeypatch):
     wait, pad = "no-accepted-count-wait-in-prefill", "hidden-states-wide-group"
     monkeypatch.setenv(switches.DISABLED_PATCHES, f" {wait}, {pad}  ")
     patcher = plugin.Patcher(version_of=lambda dist: "0.20.1")
-    assert {p.id for p in patcher.select(PATCHES)} == (EVERY | BEFORE_022 | WAIT) - {wait, pad}
+    assert {p.id for p in patcher.select(PATCHES)} == (EVERY | BEFORE_022 | WAIT | CAUSAL) - {wait, pad}
     assert plugin.unknown_disabled() is None
     monkeypatch.setenv(switches.DISABLED_PATCHES, f"{wait} no-such-patch")
     problem = plugin.unknown_disabled()
