@@ -22,6 +22,7 @@
 #      (`--hidden-states-backend fp8`) and the same EAGLE-3 trains from it (eagle3-fp8);
 #   3. the server stopped, accept.py (k=3) for the target alone, EAGLE-3 and DFlash, one engine
 #      at a time, then the controls at once (PARALLEL, below): dflash-full, the ablation, the
+#      DFlash with the causal-blocks patch off (dflash-noncausal, as vLLM < 0.26 serves it),
 #      two offline-trained EAGLE-3s, the seed-1 EAGLE-3, the EAGLE-3 on stock vLLM (plugin off),
 #      eagle3-fp8; DFlash from a copy of its config without M-RoPE only if the as-trained one
 #      fails; then, unless GRAPHS=0, target and EAGLE-3 with CUDA graphs.
@@ -181,6 +182,9 @@ phase_accept() {
   [ -n "$eagle" ] && serve $lead eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
   [ -n "$dflash" ] && serve $lead dflash $a --drafter "$dflash" --method dflash --k 3 $args
   [ -n "$dfull" ] && serve $rest dflash-full $a --drafter "$dfull" --method dflash --k 3 $args
+  # the same DFlash with its blocks non-causal, as vLLM < 0.26 serves it without the plugin's patch
+  [ -n "$dflash" ] && serve $rest dflash-noncausal SPECULATORS_HYBRID_DISABLED_PATCHES=dflash-causal-draft-blocks \
+    $a --drafter "$dflash" --method dflash --k 3 $args
   [ -n "$nonorm" ] && serve $rest eagle3-nonorm $a --drafter "$nonorm" --method eagle3 --k 3 $args
   [ -n "$shuffled" ] && serve $rest eagle3-shuffled $a --drafter "$shuffled" --method eagle3 --k 3 $args
   [ -n "$hf32" ] && serve $rest eagle3-hf32 $a --drafter "$hf32" --method eagle3 --k 3 $args

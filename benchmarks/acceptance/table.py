@@ -21,6 +21,7 @@ ORDER = (
     "dflash",
     "dflash-1d",
     "dflash-full",
+    "dflash-noncausal",
     "eagle3-nonorm",
     "eagle3-shuffled",
     "eagle3-hf32",

@@ -51,9 +51,11 @@ case $args in
       > "$save/1/config.json" ;;
   *accept.py*)
     out="${!#}"
-    case $args in *"train-dflash/"*)  # the as-trained DFlash: refused, as stock vLLM does
+    case $out in *accept-dflash.json)  # the as-trained DFlash: refused, as stock vLLM does
       echo "ValueError: draft models do not support M-RoPE yet" >&2; exit 1;; esac
-    echo "{\"args\": \"$args\", \"off\": \"${SPECULATORS_HYBRID_DISABLE:-}\"}" > "$out" ;;
+    fmt='{"args": "%s", "off": "%s", "disabled": "%s"}'
+    off=${SPECULATORS_HYBRID_DISABLE:-} disabled=${SPECULATORS_HYBRID_DISABLED_PATCHES:-}
+    printf "$fmt" "$args" "$off" "$disabled" > "$out" ;;
   *) echo "stub: unexpected: $args" >&2; exit 9 ;;
 esac
 """
@@ -159,6 +161,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
             "eagle3",
             "dflash-1d",
             "dflash-full",
+            "dflash-noncausal",
             "eagle3-nonorm",
             "eagle3-seed1",
             *offline,
@@ -173,6 +176,11 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     stock = json.loads((acc / "results" / "accept-eagle3-stock.json").read_text())
     assert "--eager" in stock["args"] and stock["off"] == "1"
     assert "--gpu-memory-utilization 0.1" in stock["args"]  # engines that share the GPU
+    noncausal = json.loads((acc / "results" / "accept-dflash-noncausal.json").read_text())
+    assert (
+        noncausal["disabled"] == "dflash-causal-draft-blocks" and "dflash-noncausal" in side_by_side
+    )
+    assert "train-dflash/" in noncausal["args"]
     if graphs == "1":
         with_graphs = json.loads((acc / "results" / "accept-eagle3-graphs.json").read_text())
         assert "--eager" not in with_graphs["args"]
