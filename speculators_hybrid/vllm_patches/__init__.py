@@ -9,6 +9,7 @@ from speculators_hybrid.vllm_patches import (
     chunked_prompts,
     copy_ready,
     dflash_causal,
+    dflash_full_layers,
     dflash_rope,
     eagle3_falcon_h1,
     eagle3_granite,
@@ -78,6 +79,7 @@ PATCHES: tuple[Patch, ...] = (
     wide_hidden.PATCH,
     dflash_rope.PATCH,
     dflash_causal.PATCH,
+    dflash_full_layers.PATCH,
     text_only.PATCH,  # registers architectures (model_registration), wraps nothing
     own_page.PATCH,  # after the patches it wraps on top of (get_kv_cache_groups); keep last
 )

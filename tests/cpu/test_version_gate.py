@@ -90,8 +90,11 @@ NEEDED = {r: n | ({DFLASH_ROPE} if r != "0.34.0" else set()) for r, n in NEEDED.
 # DFlash draft blocks are served non-causal whatever the drafter was trained with, until vLLM
 # sets dflash_config.causal itself (0.26)
 DFLASH_CAUSAL = "dflash-causal-draft-blocks"
+# ... and from 0.26 it sets it for every layer, full-attention ones too (no upstream fix yet)
+DFLASH_FULL = "dflash-full-layers-non-causal"
 NEEDED = {
-    r: n | ({DFLASH_CAUSAL} if Version(r) < Version("0.26") else set()) for r, n in NEEDED.items()
+    r: n | ({DFLASH_CAUSAL} if Version(r) < Version("0.26") else {DFLASH_FULL})
+    for r, n in NEEDED.items()
 }
 
 

@@ -73,6 +73,7 @@ ALL_MODE = {"no-prefix-caching-for-mamba-all-mode"}  # 0.22-0.31: the engine cor
 HIT = {"hidden-states-consistent-prefix-hit"}  # vLLM 0.24-0.26: the connector-hit path
 CAUSAL = {"dflash-causal-draft-blocks"}  # 0.20-0.25: 0.26 sets dflash_config.causal itself
 RUNNER_V1 = {"hybrid-extraction-on-model-runner-v1"}  # 0.29+ would pick Model Runner V2
+FULL_LAYERS = {"dflash-full-layers-non-causal"}  # 0.26+: causal set for every layer
 WHOLE = {  # 0.24+ save at request_finished, make each request's lock in wait_for_save, and
     # queue each copy a step or two after the request's own
     "hidden-states-whole-prompts-only",
@@ -111,9 +112,17 @@ WHOLE = {  # 0.24+ save at request_finished, make each request's lock in wait_fo
         ("0.25.0", EVERY | FROM_022 | NAMES | HIT | WHOLE | ALL_MODE | CAUSAL),
         (
             "0.29.0",
-            (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1 | WHOLE | ALL_MODE,
+            (EVERY - {"qwen3_5-text-only-models"})
+            | FROM_022
+            | RUNNER_V1
+            | WHOLE
+            | ALL_MODE
+            | FULL_LAYERS,
         ),
-        ("0.32.0", (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1 | WHOLE),
+        (
+            "0.32.0",
+            (EVERY - {"qwen3_5-text-only-models"}) | FROM_022 | RUNNER_V1 | WHOLE | FULL_LAYERS,
+        ),
     ],
 )
 def test_each_vllm_version_selects_the_patches_it_needs(version, expected):
