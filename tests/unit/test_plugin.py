@@ -129,7 +129,8 @@ def test_disabled_patches_are_not_selected(monkeypatch):
     wait, pad = "no-accepted-count-wait-in-prefill", "hidden-states-wide-group"
     monkeypatch.setenv(switches.DISABLED_PATCHES, f" {wait}, {pad}  ")
     patcher = plugin.Patcher(version_of=lambda dist: "0.20.1")
-    assert {p.id for p in patcher.select(PATCHES)} == (EVERY | BEFORE_022 | WAIT | CAUSAL) - {wait, pad}
+    selected = {p.id for p in patcher.select(PATCHES)}
+    assert selected == (EVERY | BEFORE_022 | WAIT | CAUSAL) - {wait, pad}
     assert plugin.unknown_disabled() is None
     monkeypatch.setenv(switches.DISABLED_PATCHES, f"{wait} no-such-patch")
     problem = plugin.unknown_disabled()
