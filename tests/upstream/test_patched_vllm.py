@@ -50,6 +50,7 @@ MUST_PASS = {
     "test_each_request_waits_for_the_step_that_computed_it": ">=0.24",
     "test_with_shim_the_blocks_are_causal_as_trained": "<0.26",
     "test_with_shim_the_proposer_builds_the_block_causal": "<0.23",
+    "test_with_shim_each_layer_is_served_as_trained": ">=0.26",
 }
 
 
