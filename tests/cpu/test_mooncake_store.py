@@ -81,7 +81,7 @@ def _hidden_group(kv):
     return found[0]
 
 
-def _trainer_transfer(store):
+def trainer_transfer(store):
     """The trainer's transfer, as `speculators train` makes it from its arguments."""
     from hs_connectors import HiddenStatesBackend
 
@@ -141,7 +141,7 @@ def test_connector_put_then_trainer_get_and_delete(store, one_rank, monkeypatch)
     put_s = time.perf_counter() - started
 
     # Trainer side: get, check as the trainer checks, delete.
-    transfer = _trainer_transfer(store)
+    transfer = trainer_transfer(store)
     started = time.perf_counter()
     got = transfer.get_generated(manifest)
     get_s = time.perf_counter() - started
