@@ -1,5 +1,4 @@
-"""A request that ends before its prompt is computed puts nothing in the Mooncake store
-(hs-connectors >= 0.8.1).
+"""A request ending before its prompt is computed puts no Mooncake sample (hs-connectors >= 0.8.1).
 
 Why: hs-connectors' `MooncakeHiddenStatesConnector.request_finished` queues a put for every
 request that finishes, whatever made it finish, from the blocks that hold its computed tokens,

@@ -115,7 +115,9 @@ def test_connector_put_then_trainer_get_and_delete(store, one_rank, monkeypatch)
     prompt = list(range(100, 100 + 2 * block + 7))
     blocks = [5, 1, 3]  # not in order, as the KV cache manager hands them out
     per_group = tuple(blocks if i == group else [] for i in range(len(kv.kv_cache_groups)))
-    delay, manifest = scheduler.request_finished_all_groups(request("req-1", prompt), per_group)
+    finished = request("req-1", prompt)
+    finished.num_computed_tokens = len(prompt)  # as vLLM finishes it: its whole prompt computed
+    delay, manifest = scheduler.request_finished_all_groups(finished, per_group)
     assert delay and manifest["handle"] == "req-1"
     meta = scheduler.build_connector_meta(SchedulerOutput.make_empty())
 
