@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from mooncake_store import LOOPBACK
 from conftest import needs
+from mooncake_store import LOOPBACK
 from reliability_rig import chunked
 from test_backend_matrix import config_for, prefix_rows
 from test_mooncake_store import store, trainer_transfer  # noqa: F401 (store: a fixture)
@@ -43,6 +43,7 @@ class Rig:
     block: int
     tables: dict[str, list[int]] = field(default_factory=dict)
     prompts: dict[str, list[int]] = field(default_factory=dict)
+    manifests: dict[str, Any] = field(default_factory=dict)  # the puts handed to the worker
 
     def add(self, req_id: str, prompt: list[int]) -> None:
         self.prompts[req_id] = prompt
@@ -66,6 +67,8 @@ class Rig:
             basic_cache(rows, self.view, slots_for(self.tables[req_id], self.block, end)[end - n :])
             if end >= len(self.prompts[req_id]):
                 done.add(req_id)
+        for pending in out.kv_connector_metadata.pending_saves:
+            self.manifests[pending.req_id] = pending.transfer_manifest
         self.worker.bind_connector_metadata(out.kv_connector_metadata)
         for future in list(self.worker._req_futures.values()):
             future.exception(WAIT_S)  # the put, or its failure (logged by the connector)
@@ -109,6 +112,11 @@ def rig(store, tmp_path, monkeypatch):  # noqa: F811 (the imported fixture)
         worker._executor.shutdown(wait=True)
 
 
+def request_id(case: str) -> str:
+    """An id of vLLM's form: "cmpl-", the client's id, the prompt's index, 8 random hex."""
+    return f"cmpl-{case}-0-1a2b3c4d"
+
+
 def abort(rig: Rig, case: str) -> tuple[str, list[int]]:
     """A request that ends before its whole prompt is computed: its id and prompt."""
     from vllm.v1.request import RequestStatus
@@ -119,7 +127,7 @@ def abort(rig: Rig, case: str) -> tuple[str, list[int]]:
         if not room:
             pytest.skip(f"block size {rig.block} divides the chunk: no prompt ends in its block")
         prompt = LONG[: CHUNK + room]
-    req_id = f"cmpl-{case}-0-1a2b3c4d"  # vLLM's form: the client's id, "-0", 8 random hex
+    req_id = request_id(case)
     rig.add(req_id, prompt)
     if case != "waiting":
         rig.step()
@@ -145,7 +153,6 @@ CASES = ["mid-prompt", "last-block", "preempted", "waiting"]
 @needs(PATCH)
 @pytest.mark.parametrize("case", CASES)
 def test_an_aborted_prompt_puts_nothing_and_a_whole_one_round_trips(rig, store, case):  # noqa: F811
-    from hs_connectors.mooncake_hidden_states_connector import sanitize_key
     from speculators.data_generation.offline import check_hidden_states
 
     free = rig.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -153,7 +160,7 @@ def test_an_aborted_prompt_puts_nothing_and_a_whole_one_round_trips(rig, store, 
     rig.settle()
     assert rig.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == free
     transfer = trainer_transfer(store)
-    assert objects(transfer, sanitize_key(req_id)) == {}
+    assert objects(transfer, req_id) == {}  # the id is a safe key as it is
 
     # The client's retry: the same prompt, a new request (vLLM's id is new), whole.
     rig.add("cmpl-retry-0-5e6f7a8b", prompt)
@@ -171,37 +178,23 @@ def test_an_aborted_prompt_puts_nothing_and_a_whole_one_round_trips(rig, store, 
 def test_without_the_patch_an_aborted_prompt_leaves_an_object_nobody_reads(rig, store):  # noqa: F811
     """What hs-connectors 0.9.0 does alone (docs/mooncake.md): a full-size sample with rows
     never computed where the blocks cover the prompt, else an error marker."""
-    from hs_connectors.mooncake_hidden_states_connector import sanitize_key
     from speculators.data_generation.offline import check_hidden_states
 
     transfer = trainer_transfer(store)
+    left, prompts = {}, {}
     with without(PATCH):
-        left = {}
         for case in CASES:
-            manifests = {}
-            original = rig.worker.bind_connector_metadata
-
-            def keep(meta, manifests=manifests, original=original):
-                for pending in meta.pending_saves:
-                    manifests[pending.req_id] = pending.transfer_manifest
-                original(meta)
-
-            rig.worker.bind_connector_metadata = keep
-            req_id, prompt = abort(rig, case)
+            req_id, prompts[case] = abort(rig, case)
             rig.settle()
-            rig.worker.bind_connector_metadata = original
-            key = sanitize_key(req_id)
-            left[case] = objects(transfer, key)
-            if key in left[case]:  # what the trainer would read, had it the manifest
-                got = transfer.get_generated(manifests[req_id])
-                assert left[case][key] == manifests[req_id]["metadata"]["total_aligned_bytes"]
-                check_hidden_states(got, prompt)  # the trainer's check takes it as whole
-                computed = CHUNK
-                rows = prefix_rows(prompt)
-                assert torch.equal(got["hidden_states"][:computed], rows[:computed])
-                assert not torch.equal(got["hidden_states"][computed:], rows[computed:])
-                print(f"{case}: {key} {left[case]} manifest {manifests[req_id]['metadata']}")
-    marker = {"mid-prompt", "preempted", "waiting"}
-    assert {c for c, o in left.items() if set(o) == {f"{sanitize_key(f'cmpl-{c}-0-1a2b3c4d')}:error"}} == marker
-    assert set(left["last-block"]) == {"cmpl-last-block-0-1a2b3c4d"}
+            left[case] = objects(transfer, req_id)  # the id is a safe key as it is
     print(left)
+    error = {c: {f"{request_id(c)}:error"} for c in ("mid-prompt", "preempted", "waiting")}
+    assert {c: set(o) for c, o in left.items()} == {**error, "last-block": {request_id(CASES[1])}}
+    # What the trainer would read, had it the manifest: the prompt, rows past the chunk stale.
+    manifest = rig.manifests[request_id(CASES[1])]
+    assert left["last-block"][manifest["handle"]] == manifest["metadata"]["total_aligned_bytes"]
+    got, prompt = transfer.get_generated(manifest), prompts["last-block"]
+    check_hidden_states(got, prompt)  # the trainer's check takes it as whole
+    rows = prefix_rows(prompt)
+    assert torch.equal(got["hidden_states"][:CHUNK], rows[:CHUNK])
+    assert not torch.equal(got["hidden_states"][CHUNK:], rows[CHUNK:])
