@@ -76,7 +76,8 @@ class Rig:
         self.worker.clear_connector_metadata()
         output = planning.model_output(out, dict.fromkeys(done, 7), frozenset(sent or ()))
         results = self.scheduler.update_from_output(out, output)
-        return {o.request_id: o.kv_transfer_params for r in results.values() for o in r.outputs}
+        outputs = [o for r in results.values() for o in r.outputs if o.finished]
+        return {o.request_id: o.kv_transfer_params for o in outputs}
 
     def settle(self) -> None:
         """Steps until every finished request's blocks are back."""
