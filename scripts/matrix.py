@@ -142,10 +142,11 @@ def envs() -> list[Env]:
             + (f"pyverbs=={PYVERBS}",),
             (
                 f"python {MOONCAKE_TESTS}/mooncake_store.py libibverbs {IBVERBS_DIR}",
-                f"{PYTEST} {{posargs:{MOONCAKE_TESTS}/test_mooncake_store.py}}",
+                f"{PYTEST} {{posargs:{MOONCAKE_TESTS}/test_mooncake_store.py "
+                f"{MOONCAKE_TESTS}/test_mooncake_aborts.py}}",
             ),
-            f"a real Mooncake store on loopback: hs-connectors' put, the trainer's get and delete "
-            f"(vLLM {MOONCAKE_VLLM}, speculators 0.9.0)",
+            f"a real Mooncake store on loopback: hs-connectors' put, the trainer's get and delete, "
+            f"aborted prompts (vLLM {MOONCAKE_VLLM}, speculators 0.9.0)",
             set_env=(
                 f"LD_LIBRARY_PATH = {IBVERBS_DIR}:{{envsitepackagesdir}}/pyverbs.libs",
                 "SPECULATORS_HYBRID_MOONCAKE = 1",  # here the store must run: no skip
@@ -267,6 +268,8 @@ def _tests_naming(patch_id: str) -> list[str]:
 
 
 def _cell(patch: Any, release: str) -> str:
+    if patch.project == "hs-connectors":  # the release every vLLM env installs
+        return APPLIED if patch.needed_for(support.HS_CONNECTORS) else NOT_NEEDED
     if patch.needed_for(release):
         return APPLIED
     earlier = [r for r in support.VLLM if Version(r) < Version(release)]
@@ -433,7 +436,7 @@ def diff_table() -> str:
     for patch in (*PATCHES, *SPECULATORS_PATCHES):
         found = [
             d.name
-            for d in (PATCHES_DIR / patch.project).iterdir()
+            for d in sorted((PATCHES_DIR / patch.project).glob("*"))
             if list(d.glob(f"[0-9][0-9][0-9][0-9]-{patch.id}.patch"))
         ]
         if found:

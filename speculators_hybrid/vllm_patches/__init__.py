@@ -32,6 +32,7 @@ from speculators_hybrid.vllm_patches import (
     layer_zero,
     llm_wait,
     mamba_all_mode,
+    mooncake_whole_prompts,
     own_page,
     prefill_only,
     prefix_caching,
@@ -61,6 +62,7 @@ PATCHES: tuple[Patch, ...] = (
     provenance.PATCH,
     file_names.PATCH,
     whole_prompts.PATCH,
+    mooncake_whole_prompts.PATCH,  # hs-connectors' Mooncake connector, gated by its version
     folder_faults.PATCH,
     copy_ready.PATCH,  # after folder_faults, so outside it: a skipped write's event goes too
     extraction_input.PATCH,

@@ -57,23 +57,30 @@ IDS = (1, 4, 5, 8)
 HIDDEN = 256  # the tiny preset's
 
 
-def transfer(name: str, folder: Any) -> str:
-    """The kv-transfer config hs-connectors' backend builds from speculators' launcher args."""
+def transfer(name: str, folder: Any, extra: tuple[str, ...] = ()) -> str:
+    """The kv-transfer config hs-connectors' backend builds from speculators' launcher args
+    (`extra`: more of them)."""
     backend = hs_connectors.HiddenStatesBackend.registry[name]
     parser = argparse.ArgumentParser()
     backend.add_launch_args(parser)
     argv = [] if name == "mooncake" else ["--hidden-states-path", str(folder)]
-    return json.dumps(backend.build_kv_transfer_config(parser.parse_args(argv)))
+    return json.dumps(backend.build_kv_transfer_config(parser.parse_args([*argv, *extra])))
 
 
-def config_for(name: str, folder: Any, caching: bool = False, chunks: bool | None = None) -> Any:
+def config_for(
+    name: str,
+    folder: Any,
+    caching: bool = False,
+    chunks: bool | None = None,
+    extra: tuple[str, ...] = (),
+) -> Any:
     setup = planning.Setup(
         model=model_dir("tiny"),
         layer_ids=IDS,
         prefix_caching=caching,
         max_model_len=4096,
         chunked_prefill=chunks,
-        kv_transfer=transfer(name, folder),
+        kv_transfer=transfer(name, folder, extra),
     )
     return planning.engine_config(setup)
 

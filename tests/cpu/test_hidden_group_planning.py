@@ -144,7 +144,7 @@ def test_every_target_matches_its_fingerprint_on_this_vllm(shim):
     selected = PATCHER.select(vllm_patches())
     assert selected, f"no patch selected for vllm {installed('vllm')}"
     for patch in selected:
-        for target in patch.targets_for(installed("vllm")):
+        for target in patch.targets_for(installed(patch.project)):
             PATCHER.verify(patch, target, importlib.import_module(target.module))
         assert patch.id in PATCHER.applied()  # armed, and every target now patched
 

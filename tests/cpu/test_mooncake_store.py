@@ -81,7 +81,7 @@ def _hidden_group(kv):
     return found[0]
 
 
-def _trainer_transfer(store):
+def trainer_transfer(store):
     """The trainer's transfer, as `speculators train` makes it from its arguments."""
     from hs_connectors import HiddenStatesBackend
 
@@ -115,7 +115,9 @@ def test_connector_put_then_trainer_get_and_delete(store, one_rank, monkeypatch)
     prompt = list(range(100, 100 + 2 * block + 7))
     blocks = [5, 1, 3]  # not in order, as the KV cache manager hands them out
     per_group = tuple(blocks if i == group else [] for i in range(len(kv.kv_cache_groups)))
-    delay, manifest = scheduler.request_finished_all_groups(request("req-1", prompt), per_group)
+    finished = request("req-1", prompt)
+    finished.num_computed_tokens = len(prompt)  # as vLLM finishes it: its whole prompt computed
+    delay, manifest = scheduler.request_finished_all_groups(finished, per_group)
     assert delay and manifest["handle"] == "req-1"
     meta = scheduler.build_connector_meta(SchedulerOutput.make_empty())
 
@@ -141,7 +143,7 @@ def test_connector_put_then_trainer_get_and_delete(store, one_rank, monkeypatch)
     put_s = time.perf_counter() - started
 
     # Trainer side: get, check as the trainer checks, delete.
-    transfer = _trainer_transfer(store)
+    transfer = trainer_transfer(store)
     started = time.perf_counter()
     got = transfer.get_generated(manifest)
     get_s = time.perf_counter() - started

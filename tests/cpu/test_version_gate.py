@@ -70,6 +70,8 @@ NEEDED = {
 # Needed on every release in the table (no upstream fix yet).
 EVERY_RELEASE = {"check-extraction-input", "layer-zero-is-embeddings", "prefill-only-extraction"}
 EVERY_RELEASE |= {"hidden-states-fp8-files"}  # the fp8 backend's files through the plugin's writer
+# hs-connectors' Mooncake connector, gated by hs-connectors' version (0.9.0 in every vLLM env)
+EVERY_RELEASE |= {"mooncake-whole-prompts-only"}
 EVERY_RELEASE |= {  # EAGLE-3 auxiliary hidden states for the hybrid families vLLM leaves out
     "granitemoehybrid-eagle3",
     "falcon_h1-eagle3",

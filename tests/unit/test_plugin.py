@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from importlib import metadata
+from typing import Any
 
 import pytest
 
-from speculators_hybrid import plugin, registry
+from speculators_hybrid import plugin, registry, support
 from speculators_hybrid.vllm_patches import PATCHES
 
 
@@ -50,6 +51,7 @@ EVERY = {
     "jamba-eagle3",
     "lfm2_moe-eagle3",
     "zamba2-eagle3",
+    "mooncake-whole-prompts-only",  # gated by hs-connectors' version, not vLLM's
 }
 BEFORE_022 = {
     "keep-hma-for-extraction",
@@ -80,6 +82,11 @@ WHOLE = {  # 0.24+ save at request_finished, make each request's lock in wait_fo
     "hidden-states-folder-faults",
     "hidden-states-copy-when-ready",
 }
+
+
+def installed_with(vllm: str) -> Any:
+    """Installed versions as the vLLM envs have them: `vllm` and the hs-connectors they pin."""
+    return {"vllm": vllm, "hs-connectors": support.HS_CONNECTORS}.get
 
 
 @pytest.mark.parametrize(
@@ -126,7 +133,7 @@ WHOLE = {  # 0.24+ save at request_finished, make each request's lock in wait_fo
     ],
 )
 def test_each_vllm_version_selects_the_patches_it_needs(version, expected):
-    patcher = plugin.Patcher(version_of=lambda dist: version)
+    patcher = plugin.Patcher(version_of=installed_with(version))
     assert {p.id for p in patcher.select(PATCHES)} == expected
 
 
@@ -137,7 +144,7 @@ def test_disabled_patches_are_not_selected(monkeypatch):
 
     wait, pad = "no-accepted-count-wait-in-prefill", "hidden-states-wide-group"
     monkeypatch.setenv(switches.DISABLED_PATCHES, f" {wait}, {pad}  ")
-    patcher = plugin.Patcher(version_of=lambda dist: "0.20.1")
+    patcher = plugin.Patcher(version_of=installed_with("0.20.1"))
     expected = (EVERY | BEFORE_022 | WAIT | CAUSAL) - {wait, pad}
     assert {p.id for p in patcher.select(PATCHES)} == expected
     assert plugin.unknown_disabled() is None

@@ -71,6 +71,7 @@ NO_DIFF = {
     "prefill-only-extraction": "shim-only: a mode of this project (launch sets it), not a vLLM fix",
     "hidden-states-wide-group": "shim-only: a layout of our connector's hidden-state group",
     "hidden-states-fp8-files": "shim-only: routes hs-connectors' fp8 connector to our writers",
+    "mooncake-whole-prompts-only": "hs-connectors' Mooncake connector's code, not vLLM's",
 }
 
 
