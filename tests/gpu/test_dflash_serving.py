@@ -1,0 +1,145 @@
+"""GPU: dflash-causal-draft-blocks and dflash-drafter-text-rope on a running engine.
+
+A DFlash drafter in the shape speculators 0.9.0 saves by default (every draft layer a
+sliding-window layer, `sliding_window_non_causal: false`, the target's M-RoPE section) for the
+tiny Qwen3.5 target, both with random weights (`load_format="dummy"`), is served by vLLM + plugin,
+eager and with CUDA graphs, each engine in its own process: it starts, drafts, and logs that its
+draft blocks are served causal; with `dflash-causal-draft-blocks` off it serves them non-causal.
+Random weights accept next to nothing: what trained drafters accept is the acceptance loop's
+(benchmarks/acceptance). Results: $GPU_RESULTS (JSON), if set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from speculators_hybrid.models import write_config  # noqa: E402
+from speculators_hybrid.versions import installed  # noqa: E402
+from speculators_hybrid.vllm_patches import dflash_causal  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+if not dflash_causal.PATCH.needed_for(installed("vllm")):
+    pytest.skip(
+        f"vLLM {installed('vllm')} sets the blocks' causality itself", allow_module_level=True
+    )
+
+CAUSAL_LOG = "draft blocks are served causal"
+ENGINE = r"""
+import json, sys
+from vllm import LLM, SamplingParams
+target, drafter, eager = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+llm = LLM(model=target, load_format="dummy", skip_tokenizer_init=True, max_model_len=1024,
+          kv_cache_memory_bytes=2 << 30, gpu_memory_utilization=0.3, enforce_eager=eager,
+          disable_log_stats=False, gdn_prefill_backend="triton", seed=0,
+          speculative_config={"method": "dflash", "model": drafter, "num_speculative_tokens": 3})
+ids = [[(7 * i + j) % 1000 + 2 for j in range(40 + 30 * i)] for i in range(8)]
+prompts = [{"prompt_token_ids": p} for p in ids]
+params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, detokenize=False)
+outs = llm.generate(prompts, params, use_tqdm=False)
+metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+print("RESULT " + json.dumps({
+    "tokens": [len(o.outputs[0].token_ids) for o in outs],
+    "drafts": metrics.get("vllm:spec_decode_num_drafts"),
+    "accepted": metrics.get("vllm:spec_decode_num_accepted_tokens"),
+}))
+"""
+
+
+def drafter_config(target: Path) -> dict:
+    """speculators 0.9.0's DFlash config.json with its defaults: two sliding-window layers."""
+    text = json.loads((target / "config.json").read_text())["text_config"]
+    rope = dict(text["rope_parameters"])
+    rope["mrope_section"] = [s * 4 for s in rope.get("mrope_section", [3, 3, 2])]
+    rope["partial_rotary_factor"] = 1.0
+    layer = {
+        "model_type": "qwen3",
+        "hidden_act": "silu",
+        "hidden_size": text["hidden_size"],
+        "intermediate_size": 2 * text["hidden_size"],
+        "head_dim": text["head_dim"],
+        "num_attention_heads": text["num_attention_heads"],
+        "num_key_value_heads": text["num_key_value_heads"],
+        "num_hidden_layers": 2,
+        "layer_types": [dflash_causal.SLIDING] * 2,
+        "sliding_window": 2048,
+        "use_sliding_window": True,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": rope,
+        "tie_word_embeddings": False,
+        "vocab_size": text["vocab_size"],
+    }
+    return {
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": "dflash",
+        "speculators_version": "0.9.0",
+        "draft_vocab_size": text["vocab_size"],
+        "target_hidden_size": text["hidden_size"],
+        "aux_hidden_state_layer_ids": [1, 2, 3],
+        "block_size": 4,
+        "mask_token_id": text["vocab_size"] - 1,
+        "sliding_window_non_causal": False,
+        "speculators_config": {
+            "algorithm": "dflash",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "verifier": {
+                "architectures": ["Qwen3_5ForConditionalGeneration"],
+                "name_or_path": str(target),
+            },
+        },
+        "transformer_layer_config": layer,
+    }
+
+
+def serve(tmp: Path, eager: bool, disabled: str = "") -> dict:
+    target = write_config(tmp / "target", "tiny")
+    drafter = tmp / "drafter"
+    drafter.mkdir(exist_ok=True)
+    (drafter / "config.json").write_text(json.dumps(drafter_config(target)))
+    env = dict(os.environ, SPECULATORS_HYBRID_DISABLED_PATCHES=disabled)
+    done = subprocess.run(
+        [sys.executable, "-c", ENGINE, str(target), str(drafter), "1" if eager else "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    out = done.stdout + done.stderr
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert done.returncode == 0 and line, out[-3000:]
+    return {**json.loads(line[len("RESULT ") :]), "causal_logged": CAUSAL_LOG in out}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    found: dict[str, dict] = {}
+    yield found
+    if os.environ.get("GPU_RESULTS"):
+        Path(os.environ["GPU_RESULTS"]).write_text(json.dumps(found, indent=2))
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "cuda-graphs"])
+def test_a_causal_trained_drafter_serves_with_causal_blocks(tmp_path, results, eager):
+    got = serve(tmp_path, eager)
+    results[f"plugin-{'eager' if eager else 'graphs'}"] = got
+    assert got["tokens"] == [48] * 8
+    assert got["drafts"] and got["drafts"] > 0
+    assert got["causal_logged"]
+
+
+def test_with_the_patch_off_the_same_drafter_serves_non_causal(tmp_path, results):
+    got = serve(tmp_path, eager=True, disabled=dflash_causal.PATCH.id)
+    results["patch-off-eager"] = got
+    assert got["tokens"] == [48] * 8 and got["drafts"] and got["drafts"] > 0
+    assert not got["causal_logged"]
