@@ -239,7 +239,7 @@ def test_backends_sh_starts_polls_and_checks(tmp_path: Path) -> None:
     """`backends.sh start` runs the job in the background from a copy of the code, `poll`
     waits for it and brings back its report; `check` says what Mooncake lacks (here: all)."""
     stub, bk, out = tmp_path / "stub", tmp_path / "bk", tmp_path / "out"
-    cmd, env, port = setup(tmp_path, "0.20.1", "", train_timeout=4, store=False)
+    cmd, env, port = setup(tmp_path, "0.20.1", "", train_timeout=15, store=False)
     env |= {"BK": str(bk), "OUT": str(out), "PORT": str(port), "TARGET_S": "1"}
     env["ACC"] = str(tmp_path / "acc")
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # its python3: this one
