@@ -8,7 +8,10 @@ tuple for its releases.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+from speculators_hybrid.registry import argument
 
 CONFIG = "vllm.config.vllm"
 UTILS = "vllm.v1.core.kv_cache_utils"
@@ -72,6 +75,21 @@ SPECULATORS_CONFIG = "vllm.transformers_utils.configs.speculators.base"
 EXTRACT_NAME = "SpeculatorsConfig.extract_transformers_pre_trained_config"
 EXTRACT_BEFORE_031 = ("28fb1933a9cbb46b",)  # 0.20.0-0.30.0
 EXTRACT = (*EXTRACT_BEFORE_031, "7095a48b8a8f390a")  # 0.31.0-0.34.0
+DFLASH_TYPES = ("dflash", "dflash2")  # speculators_model_type of DFlash drafters
+
+
+def after_dflash_extract(change: Callable[[dict, dict], None]) -> Callable[..., Any]:
+    """A wrapper of EXTRACT_NAME that hands a DFlash drafter's speculators config and the
+    transformers config vLLM made of it to `change(config_dict, config)`, which edits the latter."""
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        config = wrapped(*args, **kwargs)
+        config_dict = argument(args, kwargs, 0, "config_dict")
+        if config_dict.get("speculators_model_type") in DFLASH_TYPES and isinstance(config, dict):
+            change(config_dict, config)
+        return config
+
+    return wrapper
 
 
 def is_extraction(config: Any) -> bool:

@@ -34,13 +34,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from speculators_hybrid.registry import Patch, Target, argument
+from speculators_hybrid.registry import Patch, Target
 from speculators_hybrid.vllm_patches._targets import (
     EXTRACT_BEFORE_031,
     EXTRACT_NAME,
     SPECULATORS_CONFIG,
+    after_dflash_extract,
 )
-from speculators_hybrid.vllm_patches.dflash_rope import DFLASH_TYPES
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
@@ -60,13 +60,7 @@ def trained_causal(config_dict: dict, pre_trained_config: dict) -> bool:
     )
 
 
-def _after_extract(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    config = wrapped(*args, **kwargs)
-    config_dict = argument(args, kwargs, 0, "config_dict")
-    if config_dict.get("speculators_model_type") not in DFLASH_TYPES or not isinstance(
-        config, dict
-    ):
-        return config
+def _serve_causal(config_dict: dict, config: dict) -> None:
     dflash = config.get("dflash_config")
     if isinstance(dflash, dict) and "causal" not in dflash and trained_causal(config_dict, config):
         dflash["causal"] = True
@@ -74,7 +68,6 @@ def _after_extract(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
             "speculators-hybrid: dflash drafter: its draft blocks are served causal, as "
             "speculators trained them (sliding-window layers, sliding_window_non_causal false)"
         )
-    return config
 
 
 def served_causal(proposer: Any) -> bool:
@@ -101,7 +94,12 @@ PATCH = Patch(
     fixed_upstream="vLLM 0.26.0 (update_dflash sets dflash_config.causal)",
     why=__doc__ or "",
     targets=(
-        Target(SPECULATORS_CONFIG, EXTRACT_NAME, _after_extract, EXTRACT_BEFORE_031),
+        Target(
+            SPECULATORS_CONFIG,
+            EXTRACT_NAME,
+            after_dflash_extract(_serve_causal),
+            EXTRACT_BEFORE_031,
+        ),
         Target(
             PROPOSER,
             BUILD_METADATA,

@@ -23,12 +23,15 @@ Upstream: none yet (vLLM 0.34.0 sets the key the same way).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from speculators_hybrid.registry import Patch, Target, argument
-from speculators_hybrid.vllm_patches._targets import EXTRACT, EXTRACT_NAME, SPECULATORS_CONFIG
+from speculators_hybrid.registry import Patch, Target
+from speculators_hybrid.vllm_patches._targets import (
+    EXTRACT,
+    EXTRACT_NAME,
+    SPECULATORS_CONFIG,
+    after_dflash_extract,
+)
 from speculators_hybrid.vllm_patches.dflash_causal import SLIDING
-from speculators_hybrid.vllm_patches.dflash_rope import DFLASH_TYPES
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
@@ -42,13 +45,7 @@ def has_non_causal_layers(config_dict: dict, pre_trained_config: dict) -> bool:
     )
 
 
-def _after_extract(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    config = wrapped(*args, **kwargs)
-    config_dict = argument(args, kwargs, 0, "config_dict")
-    if config_dict.get("speculators_model_type") not in DFLASH_TYPES or not isinstance(
-        config, dict
-    ):
-        return config
+def _layers_as_trained(config_dict: dict, config: dict) -> None:
     dflash = config.get("dflash_config")
     if (
         isinstance(dflash, dict)
@@ -60,7 +57,6 @@ def _after_extract(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
             "speculators-hybrid: dflash drafter: each draft layer is served causal or not as "
             "speculators trained it (full-attention layers non-causal)"
         )
-    return config
 
 
 PATCH = Patch(
@@ -69,5 +65,7 @@ PATCH = Patch(
     versions=">=0.26",
     fixed_upstream="none yet",
     why=__doc__ or "",
-    targets=(Target(SPECULATORS_CONFIG, EXTRACT_NAME, _after_extract, EXTRACT),),
+    targets=(
+        Target(SPECULATORS_CONFIG, EXTRACT_NAME, after_dflash_extract(_layers_as_trained), EXTRACT),
+    ),
 )

@@ -37,19 +37,17 @@ Upstream: none yet (0.20.0-0.33.0 refuse; 0.34.0 has no V1 proposer).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from speculators_hybrid.registry import Patch, Target, argument
+from speculators_hybrid.registry import Patch, Target
 from speculators_hybrid.vllm_patches._targets import (
     EXTRACT,
     EXTRACT_NAME,
     SPECULATORS_CONFIG,
+    after_dflash_extract,
 )
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
-# speculators algorithms vLLM serves as its parallel-drafting method `dflash`
-DFLASH_TYPES = ("dflash", "dflash2")
 MROPE_FIELDS = ("mrope_section", "mrope_interleaved")
 ROPE_KEYS = ("rope_parameters", "rope_scaling")
 
@@ -67,20 +65,16 @@ def drop_mrope(config: dict) -> list[str]:
     return changed
 
 
-def _after_extract(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    config = wrapped(*args, **kwargs)
-    algorithm = argument(args, kwargs, 0, "config_dict").get("speculators_model_type")
-    if algorithm in DFLASH_TYPES and isinstance(config, dict):
-        changed = drop_mrope(config)
-        if changed:
-            logger.info(
-                "speculators-hybrid: %s drafter: mrope_section dropped from its %s, so it runs "
-                "with 1-D RoPE (trained with text positions; vLLM's parallel drafting refuses "
-                "M-RoPE)",
-                algorithm,
-                " and ".join(changed),
-            )
-    return config
+def _text_rope(config_dict: dict, config: dict) -> None:
+    changed = drop_mrope(config)
+    if changed:
+        logger.info(
+            "speculators-hybrid: %s drafter: mrope_section dropped from its %s, so it runs "
+            "with 1-D RoPE (trained with text positions; vLLM's parallel drafting refuses "
+            "M-RoPE)",
+            config_dict["speculators_model_type"],
+            " and ".join(changed),
+        )
 
 
 PATCH = Patch(
@@ -89,5 +83,5 @@ PATCH = Patch(
     versions=">=0.20,<0.34",
     fixed_upstream="none yet (vLLM 0.34.0 has no V1 proposer, so no refusal)",
     why=__doc__ or "",
-    targets=(Target(SPECULATORS_CONFIG, EXTRACT_NAME, _after_extract, EXTRACT),),
+    targets=(Target(SPECULATORS_CONFIG, EXTRACT_NAME, after_dflash_extract(_text_rope), EXTRACT),),
 )

@@ -18,6 +18,7 @@ import pytest
 from conftest import model_dir, needs, scratch
 
 from speculators_hybrid.vllm_patches import dflash_rope
+from speculators_hybrid.vllm_patches._targets import DFLASH_TYPES
 
 fixed = needs(dflash_rope.PATCH.id)
 
@@ -118,7 +119,7 @@ def proposer_refuses(spec: Any) -> bool:
 def dflash_types() -> list[str]:
     from vllm.transformers_utils.configs.speculators.algos import SUPPORTED_SPECULATORS_TYPES
 
-    return [t for t in dflash_rope.DFLASH_TYPES if t in SUPPORTED_SPECULATORS_TYPES]
+    return [t for t in DFLASH_TYPES if t in SUPPORTED_SPECULATORS_TYPES]
 
 
 @fixed
@@ -130,7 +131,7 @@ def test_stock_vllm_refuses_the_drafter(no_shim):
 
 
 @fixed
-@pytest.mark.parametrize("algorithm", dflash_rope.DFLASH_TYPES)
+@pytest.mark.parametrize("algorithm", DFLASH_TYPES)
 def test_dflash_drafter_runs_with_text_rope(algorithm, shim):
     if algorithm not in dflash_types():
         pytest.skip(f"this vLLM has no speculators type {algorithm!r}")
