@@ -130,11 +130,11 @@ class Poller:
         now = time.time()
         self.points.append((now, self.answered()))
         self.steps.append((now, count(self.trainer_log, "global_step")))
-        row: dict[str, Any] = {"t": round(now, 1), **gpu_use(self.groups)}
+        row: dict[str, Any] = {"t": now, **gpu_use(self.groups)}  # t unrounded: phases compare it
         if len(row) > 1:
             self.gpu.append(row)
         with self.out.open("a") as f:
-            f.write(json.dumps({**row, "answered": self.points[-1][1]}) + "\n")
+            f.write(json.dumps({**row, "t": round(now, 1), "answered": self.points[-1][1]}) + "\n")
 
 
 def smi(*args: str) -> list[list[str]]:
