@@ -17,13 +17,19 @@ With speculators' DFlash defaults (5 layers, block 16: 15 speculative tokens, 2,
 window) the GDN conv state holds 3 + 15 steps: (3,145,728 + 18 x 10,240 x 2) B = 3,514,368 B,
 an 864-token attention block and a 3,538,944 B page for every layer, target and drafter.
 A drafter with more KV bytes a token than the target (8 KV heads of 256) or a share that does not
-divide it (3 of 256) fails that planning on vLLM < 0.25.0, as the public reports of Qwen3.5 with
-a DFlash drafter on 0.20.x describe; 0.25.0's sliding-window draft layers plan.
+divide it (3 of 256) fails that planning on vLLM < 0.25.0 (`AssertionError` after the state page
+would not grow; `NotImplementedError` "not divisible by the maximum page size"), as the public
+reports of Qwen3.5 with a DFlash drafter on 0.20.x describe. From 0.25.0 they plan: the sliding
+draft layers pick their own block (16 tokens in 0.25-0.28, 32 in 0.29) that divides the page; from
+0.30.0 they take the engine's block and vLLM pads the smaller pages instead (the 8-head drafter
+then doubles every page, GDN state included: 7,077,888 B).
+The tiny target's attention block is 80 tokens to 0.31 and 96 from 0.32.0 (vLLM aligns it to 32).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +43,7 @@ from speculators_hybrid.versions import installed
 
 RELEASE = Version(str(base_version(installed("vllm") or "0")))
 SLIDING = RELEASE >= Version("0.25.0")  # DFlash draft layers with their own sliding window
+PADS = RELEASE >= Version("0.30.0")  # draft layers at the engine's block, smaller pages padded
 MAX_LEN = 4096  # the tiny preset's max_position_embeddings
 
 
@@ -116,20 +123,24 @@ def split(config, specs):
 # attention block, page of every layer (the drafter's before unification where SLIDING)
 CASES = [
     ("qwen3.6-27b", 5, 16, 864, 3_538_944),
-    ("tiny", 2, 4, 80, 40_960),  # (4 x 64 x 64 + 6 x 512 channels) x 2 B; 512 B a token
+    # (4 x 64 x 64 + 6 x 512 channels) x 2 B = 38,912 B; 512 B a token
+    ("tiny", 2, 4, 80, 40_960) if RELEASE < Version("0.32.0") else ("tiny", 2, 4, 96, 49_152),
 ]
 
 
-@pytest.mark.parametrize("patched", [True, False], ids=["plugin", "stock"])
+@pytest.fixture(params=[True, False], ids=["plugin", "stock"])
+def patched(request) -> Iterator[bool]:
+    """Planned with the plugin's vLLM patches applied (as an engine with the plugin) or none."""
+    planning.patches(request.param)
+    yield request.param
+    planning.patches(True)
+
+
 @pytest.mark.parametrize(("preset", "layers", "block", "attention_block", "page"), CASES)
 def test_speculators_drafter_plans_beside_the_target(
     preset, layers, block, attention_block, page, patched
 ):
-    planning.patches(patched)
-    try:
-        config, specs = specs_of(preset, layers, block)
-    finally:
-        planning.patches(True)
+    config, specs = specs_of(preset, layers, block)
     draft, state, attention = split(config, specs)
     assert len(draft) == layers and len(state) == 3 * len(attention)
     assert {s.block_size for s in attention} == {attention_block}
@@ -152,14 +163,18 @@ def test_speculators_drafter_plans_beside_the_target(
     ],
     ids=["8-kv-heads", "3-kv-heads"],
 )
-def test_a_drafter_of_other_kv_dims_fails_planning_before_0_25(kv_heads, draft_page, error):
+def test_a_drafter_of_other_kv_dims_fails_planning_before_0_25(
+    kv_heads, draft_page, error, patched
+):
     config, specs = specs_of("qwen3.6-27b", 5, 16, kv_heads=kv_heads, heads=24)
     draft, _, _ = split(config, specs)
-    if SLIDING:  # own 16-token blocks, scaled up to the target's page by vLLM
-        assert {s.page_size_bytes for s in draft.values()} == {16 * kv_heads * 256 * 2 * 2}
-        kv = planning.plan(config, specs, 1 << 40)
-        assert {g.kv_cache_spec.page_size_bytes for g in kv.kv_cache_groups} == {3_538_944}
+    per_token = {s.page_size_bytes // s.block_size for s in draft.values()}
+    assert per_token == {kv_heads * 256 * 2 * 2}
+    if not SLIDING:
+        assert {s.page_size_bytes for s in draft.values()} == {draft_page}
+        with pytest.raises(error):
+            planning.plan(config, specs, 1 << 40)
         return
-    assert {s.page_size_bytes for s in draft.values()} == {draft_page}
-    with pytest.raises(error):
-        planning.plan(config, specs, 1 << 40)
+    kv = planning.plan(config, specs, 1 << 40)
+    page = max(draft_page, 3_538_944) if PADS else 3_538_944
+    assert {g.kv_cache_spec.page_size_bytes for g in kv.kv_cache_groups} == {page}
