@@ -223,13 +223,36 @@ def layer_specs(config: Any, wide: bool = False) -> dict[str, Any]:
         cache.mamba_block_size = GPU_DEFAULT_BLOCK
     spec = config.speculative_config
     extracts = spec is not None and spec.method == "extract_hidden_states"
-    hidden = hidden_state_layers(config, wide) if extracts else []
-    hidden += draft_layers(config) if spec is not None and spec.method == "dflash" else []
+    drafts = draft_layers(config) if spec is not None and spec.method == "dflash" else []
+    hidden = (hidden_state_layers(config, wide) if extracts else []) + drafts
     align_for_gpu(config)
     specs = model_layer_specs(config)
     for name, layer in hidden:
         specs[name] = layer.get_kv_cache_spec(config)
-    return specs
+    backends = {n: layer.get_attn_backend() for n, layer in hidden if n not in dict(drafts)}
+    return marked_as_runner(config, specs, backends)
+
+
+def marked_as_runner(config: Any, specs: dict[str, Any], backends: dict[str, Any]) -> dict:
+    """vLLM 0.24-0.28's runner marks each attention spec with whether its backend reads KV
+    pages by block stride (what lets the planner pad a page that does not divide); the
+    target's and the drafter's layers run FlashAttention on a GPU, the others their own."""
+    from dataclasses import replace
+
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+    if "indexes_kv_by_block_stride" not in {f.name for f in fields(AttentionSpec)}:
+        return specs
+    marked = {}
+    for name, spec in specs.items():
+        if isinstance(spec, AttentionSpec):
+            with set_current_vllm_config(config):
+                strided = backends.get(name, FlashAttentionBackend).indexes_kv_by_block_stride()
+            spec = replace(spec, indexes_kv_by_block_stride=strided)
+        marked[name] = spec
+    return marked
 
 
 def draft_layers(config: Any) -> list[tuple[str, Any]]:
