@@ -31,6 +31,7 @@ class Setup:
     max_num_batched_tokens: int | None = None  # None: vLLM's default
     data_parallel_size: int = 1  # engine cores behind one front end (each plans alone)
     kv_transfer: str | None = None  # JSON of another kv-transfer config than the file one
+    speculative: str | None = None  # JSON of a drafter's speculative config (no extraction)
 
 
 def forget_model_classes() -> None:
@@ -64,6 +65,8 @@ def engine_config(setup: Setup) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
     extra = extraction_args(setup.layer_ids) if setup.layer_ids else {}
+    if setup.speculative is not None:
+        extra = {"speculative_config": json.loads(setup.speculative)}
     if extra and setup.kv_transfer is not None:
         extra["kv_transfer_config"] = json.loads(setup.kv_transfer)
     args = EngineArgs(
@@ -218,12 +221,72 @@ def layer_specs(config: Any, wide: bool = False) -> dict[str, Any]:
     cache.block_size = GPU_DEFAULT_BLOCK
     if cache.mamba_cache_mode == "align":
         cache.mamba_block_size = GPU_DEFAULT_BLOCK
-    hidden = hidden_state_layers(config, wide) if config.speculative_config else []
+    spec = config.speculative_config
+    extracts = spec is not None and spec.method == "extract_hidden_states"
+    drafts = draft_layers(config) if spec is not None and spec.method == "dflash" else []
+    hidden = (hidden_state_layers(config, wide) if extracts else []) + drafts
     align_for_gpu(config)
     specs = model_layer_specs(config)
     for name, layer in hidden:
         specs[name] = layer.get_kv_cache_spec(config)
-    return specs
+    backends = {n: layer.get_attn_backend() for n, layer in hidden if n not in dict(drafts)}
+    return marked_as_runner(config, specs, backends)
+
+
+def marked_as_runner(config: Any, specs: dict[str, Any], backends: dict[str, Any]) -> dict:
+    """vLLM 0.24-0.28's runner marks each attention spec with whether its backend reads KV
+    pages by block stride (what lets the planner pad a page that does not divide); the
+    target's and the drafter's layers run FlashAttention on a GPU, the others their own."""
+    from dataclasses import replace
+
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+    if "indexes_kv_by_block_stride" not in {f.name for f in fields(AttentionSpec)}:
+        return specs
+    marked = {}
+    for name, spec in specs.items():
+        if isinstance(spec, AttentionSpec):
+            with set_current_vllm_config(config):
+                strided = backends.get(name, FlashAttentionBackend).indexes_kv_by_block_stride()
+            spec = replace(spec, indexes_kv_by_block_stride=strided)
+        marked[name] = spec
+    return marked
+
+
+def draft_layers(config: Any) -> list[tuple[str, Any]]:
+    """A DFlash drafter's attention layers: vLLM's `Attention`, with the heads, head size,
+    sliding window and names its `qwen3_dflash` model gives them (layers numbered after the
+    target's); the runner reports their specs beside the target's."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.models import qwen3_dflash
+
+    draft = config.speculative_config.draft_model_config.hf_config
+    tp = config.parallel_config.tensor_parallel_size
+    heads = draft.num_attention_heads // tp
+    kv_heads = max(1, draft.num_key_value_heads // tp)
+    head_size = getattr(draft, "head_dim", None) or draft.hidden_size // draft.num_attention_heads
+    resolve = getattr(qwen3_dflash, "_resolve_layer_attention", None)  # 0.25+: sliding layers
+    first = config.model_config.get_num_layers(config.parallel_config)
+    layers = []
+    for i in range(draft.num_hidden_layers):
+        name = f"model.layers.{first + i}.self_attn.attn"
+        config.compilation_config.static_forward_context.pop(name, None)
+        window = resolve(draft, i)[0] if resolve else None
+        with set_current_vllm_config(config):
+            layer = Attention(
+                heads,
+                head_size,
+                head_size**-0.5,
+                num_kv_heads=kv_heads,
+                cache_config=config.cache_config,
+                per_layer_sliding_window=window,
+                prefix=name,
+            )
+        layers.append((name, layer))
+    return layers
 
 
 def planner() -> Any:
