@@ -103,8 +103,8 @@ def drafter(target: Path, layers: int, block: int, kv_heads: int = 0, heads: int
 def specs_of(preset: str, layers: int, block: int, **dims: int):
     """(config, every layer's spec as one GPU worker reports it) for target + drafter."""
     target = write_config(scratch("target-") / preset, preset)
-    spec = {"method": "dflash", "model": str(drafter(target, layers, block, **dims))}
-    spec["num_speculative_tokens"] = block - 1
+    model = str(drafter(target, layers, block, **dims))
+    spec = {"method": "dflash", "model": model, "num_speculative_tokens": block - 1}
     setup = planning.Setup(
         model=str(target), layer_ids=None, max_model_len=MAX_LEN, speculative=json.dumps(spec)
     )
