@@ -39,7 +39,7 @@ import json, sys
 from vllm import LLM, SamplingParams
 target, drafter, eager = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 llm = LLM(model=target, load_format="dummy", skip_tokenizer_init=True, max_model_len=1024,
-          kv_cache_memory_bytes=2 << 30, gpu_memory_utilization=0.3, enforce_eager=eager,
+          kv_cache_memory_bytes=2 << 30, gpu_memory_utilization=0.2, enforce_eager=eager,
           disable_log_stats=False, gdn_prefill_backend="triton", seed=0,
           speculative_config={"method": "dflash", "model": drafter, "num_speculative_tokens": 3})
 ids = [[(7 * i + j) % 1000 + 2 for j in range(40 + 30 * i)] for i in range(8)]
