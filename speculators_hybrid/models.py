@@ -3,8 +3,9 @@
 `write_config(folder, preset)` writes a `config.json` that vLLM and transformers load
 offline. Presets are Qwen3.5-family hybrids (Gated DeltaNet : full attention = 3 : 1);
 `qwen3.6-27b` is the published Qwen3.6-27B config's text model.
-`save_random_model` (needs torch and transformers) saves random weights for GPU tests and
-benchmarks.
+`drafter_config(target, algorithm)` is the config.json speculators 0.9.0 saves for a drafter of
+such a target. `save_random_model` (needs torch and transformers) saves random weights for GPU
+tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -198,6 +199,82 @@ def write_config(folder: str | Path, preset: str = "tiny", multimodal: bool = Tr
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config_dict(preset, multimodal), indent=2))
     return folder
+
+
+SLIDING = "sliding_attention"
+
+
+def drafter_config(
+    target: str | Path,
+    algorithm: str = "dflash",
+    layers: int = 1,
+    block: int = 4,
+    layer_types: list[str] | None = None,
+    kv_heads: int = 0,
+    heads: int = 0,
+    aux_ids: tuple[int, ...] = (1, 2, 3),
+) -> dict[str, Any]:
+    """A drafter's config.json as speculators 0.9.0 saves it for the Qwen3.5-family `target`
+    folder: its draft layers' dims and rope are the verifier's as speculators derives them (the
+    M-RoPE section rescaled to the whole head, `partial_rotary_factor` 1.0), every DFlash layer
+    a 2,048-token sliding-window one unless `layer_types` says otherwise; `kv_heads` and `heads`
+    give another drafter's."""
+    text = json.loads((Path(target) / "config.json").read_text())["text_config"]
+    hidden, head_dim, vocab = text["hidden_size"], text["head_dim"], text["vocab_size"]
+    default_heads = text["num_attention_heads"]
+    if hidden % default_heads and not hidden % head_dim:
+        default_heads = hidden // head_dim  # speculators' rule
+    rope = {k: v for k, v in text["rope_parameters"].items() if k != "mrope_interleaved"}
+    if "mrope_section" in rope:
+        factor = rope.get("partial_rotary_factor", 1.0)
+        rope["mrope_section"] = [round(s / factor) for s in rope["mrope_section"]]
+    rope["partial_rotary_factor"] = 1.0
+    types = layer_types or [SLIDING if algorithm == "dflash" else "full_attention"] * layers
+    layer = {
+        "model_type": "qwen3" if algorithm == "dflash" else "llama",
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "intermediate_size": text["intermediate_size"],
+        "head_dim": head_dim,
+        "num_attention_heads": heads or default_heads,
+        "num_key_value_heads": kv_heads or text["num_key_value_heads"],
+        "num_hidden_layers": len(types),
+        "layer_types": types,
+        "sliding_window": 2048,
+        "use_sliding_window": SLIDING in types,
+        "max_position_embeddings": text["max_position_embeddings"],
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": rope,
+        "tie_word_embeddings": False,
+        "vocab_size": vocab,
+    }
+    config = {
+        "speculators_model_type": algorithm,
+        "speculators_version": "0.9.0",
+        "draft_vocab_size": vocab,
+        "target_hidden_size": hidden,
+        "speculators_config": {
+            "algorithm": algorithm,
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": block - 1}],
+            "verifier": {
+                "architectures": ["Qwen3_5ForConditionalGeneration"],
+                "name_or_path": str(target),
+            },
+        },
+        "transformer_layer_config": layer,
+    }
+    if algorithm == "eagle3":  # a Llama layer: no sliding window
+        del layer["sliding_window"], layer["use_sliding_window"]
+        return {**config, "architectures": ["Eagle3Speculator"], "norm_before_residual": True}
+    return {
+        **config,
+        "architectures": ["DFlashSpeculator"],
+        "aux_hidden_state_layer_ids": list(aux_ids),
+        "block_size": block,
+        "mask_token_id": vocab - 1,
+        "sliding_window_non_causal": False,
+    }
 
 
 def hf_config(preset: str = "tiny", multimodal: bool = True) -> Any:

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from conftest import VLLM, model_dir, needs, scratch
 from packaging.version import Version
-from test_dflash_rope import speculators_config
 from upstream_worker import without
 
+from speculators_hybrid.models import drafter_config
 from speculators_hybrid.vllm_patches import dflash_causal
 
 fixed = needs(dflash_causal.PATCH.id)
@@ -32,14 +32,7 @@ fixed = needs(dflash_causal.PATCH.id)
 
 def drafter(layer_type: str) -> dict[str, Any]:
     """speculators 0.9.0's DFlash config with every draft layer of this type."""
-    config = speculators_config("dflash", model_dir("tiny"))
-    layer = config["transformer_layer_config"]
-    layer["num_hidden_layers"] = 2
-    layer["layer_types"] = [layer_type] * 2
-    layer["sliding_window"] = 2048
-    layer["use_sliding_window"] = layer_type == dflash_causal.SLIDING
-    config["sliding_window_non_causal"] = False
-    return config
+    return drafter_config(model_dir("tiny"), layer_types=[layer_type] * 2)
 
 
 def speculative_config(config: dict[str, Any]) -> Any:

@@ -38,7 +38,7 @@ from conftest import scratch
 from packaging.version import Version
 
 from speculators_hybrid import planning
-from speculators_hybrid.models import write_config
+from speculators_hybrid.models import drafter_config, write_config
 from speculators_hybrid.registry import base_version
 from speculators_hybrid.versions import installed
 
@@ -49,53 +49,10 @@ MAX_LEN = 4096  # the tiny preset's max_position_embeddings
 
 
 def drafter(target: Path, layers: int, block: int, kv_heads: int = 0, heads: int = 0) -> Path:
-    """A speculators 0.9.0 DFlash config.json for `target`, its dims as speculators derives them
-    from the verifier (`kv_heads`, `heads`: another drafter's, for the shapes that fail)."""
-    text = json.loads((target / "config.json").read_text())["text_config"]
-    hidden, head_dim = text["hidden_size"], text["head_dim"]
-    default_heads = text["num_attention_heads"]
-    if hidden % default_heads and not hidden % head_dim:
-        default_heads = hidden // head_dim  # speculators' rule
-    layer = {
-        "model_type": "qwen3",
-        "hidden_act": "silu",
-        "hidden_size": hidden,
-        "intermediate_size": text["intermediate_size"],
-        "head_dim": head_dim,
-        "num_attention_heads": heads or default_heads,
-        "num_key_value_heads": kv_heads or text["num_key_value_heads"],
-        "num_hidden_layers": layers,
-        "layer_types": ["sliding_attention"] * layers,
-        "sliding_window": 2048,
-        "use_sliding_window": True,
-        "max_position_embeddings": text["max_position_embeddings"],
-        "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1e7},
-        "tie_word_embeddings": False,
-        "vocab_size": text["vocab_size"],
-    }
-    config = {
-        "architectures": ["DFlashSpeculator"],
-        "speculators_model_type": "dflash",
-        "speculators_version": "0.9.0",
-        "draft_vocab_size": text["vocab_size"],
-        "target_hidden_size": hidden,
-        "aux_hidden_state_layer_ids": [1, 2, 3],
-        "block_size": block,
-        "mask_token_id": text["vocab_size"] - 1,
-        "sliding_window_non_causal": False,
-        "speculators_config": {
-            "algorithm": "dflash",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": block - 1}],
-            "verifier": {
-                "architectures": ["Qwen3_5ForConditionalGeneration"],
-                "name_or_path": str(target),
-            },
-        },
-        "transformer_layer_config": layer,
-    }
+    """A folder with speculators 0.9.0's DFlash config.json for `target` (`kv_heads`, `heads`:
+    another drafter's, for the shapes that fail)."""
     folder = scratch("drafter-")
+    config = drafter_config(target, layers=layers, block=block, kv_heads=kv_heads, heads=heads)
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 

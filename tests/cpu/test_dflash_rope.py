@@ -17,70 +17,17 @@ from typing import Any
 import pytest
 from conftest import model_dir, needs, scratch
 
+from speculators_hybrid.models import drafter_config
 from speculators_hybrid.vllm_patches import dflash_rope
 from speculators_hybrid.vllm_patches._targets import DFLASH_TYPES
 
 fixed = needs(dflash_rope.PATCH.id)
 
-# the tiny preset: head_dim 64, partial_rotary_factor 0.25, mrope_section [3, 3, 2]
-LAYER = {
-    "head_dim": 64,
-    "hidden_act": "silu",
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "layer_types": ["full_attention"],
-    "max_position_embeddings": 4096,
-    "model_type": "qwen3",
-    "num_attention_heads": 4,
-    "num_hidden_layers": 1,
-    "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-06,
-    "rope_parameters": {
-        "mrope_section": [12, 12, 8],  # [3, 3, 2] x 1 / 0.25
-        "partial_rotary_factor": 1.0,
-        "rope_theta": 10000000.0,
-        "rope_type": "default",
-    },
-    "tie_word_embeddings": False,
-    "vocab_size": 1024,
-}
-
-
-def speculators_config(algorithm: str, target: str) -> dict[str, Any]:
-    """A drafter's config.json as speculators 0.9.0 saves it (`save_pretrained`)."""
-    common = {
-        "speculators_model_type": algorithm,
-        "speculators_version": "0.9.0",
-        "draft_vocab_size": 1024,
-        "target_hidden_size": 256,
-        "speculators_config": {
-            "algorithm": algorithm,
-            "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-            "verifier": {
-                "architectures": ["Qwen3_5ForConditionalGeneration"],
-                "name_or_path": target,
-            },
-        },
-        "transformer_layer_config": json.loads(json.dumps(LAYER)),
-    }
-    if algorithm == "eagle3":
-        layer = common["transformer_layer_config"]
-        layer["model_type"] = "llama"
-        return {**common, "architectures": ["Eagle3Speculator"], "norm_before_residual": True}
-    return {
-        **common,
-        "architectures": ["DFlashSpeculator"],
-        "aux_hidden_state_layer_ids": [1, 4, 6],
-        "block_size": 4,
-        "mask_token_id": 1023,
-    }
-
 
 @cache
 def drafter_dir(algorithm: str) -> str:
     folder = scratch(f"{algorithm}-drafter-")
-    config = speculators_config(algorithm, model_dir("tiny"))
+    config = drafter_config(model_dir("tiny"), algorithm, layer_types=["full_attention"])
     (folder / "config.json").write_text(json.dumps(config))
     return str(folder)
 

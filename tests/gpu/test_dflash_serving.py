@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from speculators_hybrid.models import write_config  # noqa: E402
+from speculators_hybrid.models import drafter_config, write_config  # noqa: E402
 from speculators_hybrid.versions import installed  # noqa: E402
 from speculators_hybrid.vllm_patches import dflash_causal  # noqa: E402
 
@@ -55,58 +55,11 @@ print("RESULT " + json.dumps({
 """
 
 
-def drafter_config(target: Path) -> dict:
-    """speculators 0.9.0's DFlash config.json with its defaults: two sliding-window layers."""
-    text = json.loads((target / "config.json").read_text())["text_config"]
-    rope = dict(text["rope_parameters"])
-    rope["mrope_section"] = [s * 4 for s in rope.get("mrope_section", [3, 3, 2])]
-    rope["partial_rotary_factor"] = 1.0
-    layer = {
-        "model_type": "qwen3",
-        "hidden_act": "silu",
-        "hidden_size": text["hidden_size"],
-        "intermediate_size": 2 * text["hidden_size"],
-        "head_dim": text["head_dim"],
-        "num_attention_heads": text["num_attention_heads"],
-        "num_key_value_heads": text["num_key_value_heads"],
-        "num_hidden_layers": 2,
-        "layer_types": [dflash_causal.SLIDING] * 2,
-        "sliding_window": 2048,
-        "use_sliding_window": True,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
-        "rope_parameters": rope,
-        "tie_word_embeddings": False,
-        "vocab_size": text["vocab_size"],
-    }
-    return {
-        "architectures": ["DFlashSpeculator"],
-        "speculators_model_type": "dflash",
-        "speculators_version": "0.9.0",
-        "draft_vocab_size": text["vocab_size"],
-        "target_hidden_size": text["hidden_size"],
-        "aux_hidden_state_layer_ids": [1, 2, 3],
-        "block_size": 4,
-        "mask_token_id": text["vocab_size"] - 1,
-        "sliding_window_non_causal": False,
-        "speculators_config": {
-            "algorithm": "dflash",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-            "verifier": {
-                "architectures": ["Qwen3_5ForConditionalGeneration"],
-                "name_or_path": str(target),
-            },
-        },
-        "transformer_layer_config": layer,
-    }
-
-
 def serve(tmp: Path, eager: bool, disabled: str = "") -> dict:
     target = write_config(tmp / "target", "tiny")
     drafter = tmp / "drafter"
     drafter.mkdir(exist_ok=True)
-    (drafter / "config.json").write_text(json.dumps(drafter_config(target)))
+    (drafter / "config.json").write_text(json.dumps(drafter_config(target, layers=2)))
     env = dict(os.environ, SPECULATORS_HYBRID_DISABLED_PATCHES=disabled)
     done = subprocess.run(
         [sys.executable, "-c", ENGINE, str(target), str(drafter), "1" if eager else "0"],
