@@ -201,7 +201,7 @@ def write_config(folder: str | Path, preset: str = "tiny", multimodal: bool = Tr
     return folder
 
 
-SLIDING = "sliding_attention"
+SLIDING = "sliding_attention"  # a sliding-window layer in `layer_types`
 
 
 def drafter_config(

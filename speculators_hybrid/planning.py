@@ -223,13 +223,13 @@ def layer_specs(config: Any, wide: bool = False) -> dict[str, Any]:
         cache.mamba_block_size = GPU_DEFAULT_BLOCK
     spec = config.speculative_config
     extracts = spec is not None and spec.method == "extract_hidden_states"
+    extracted = hidden_state_layers(config, wide) if extracts else []
     drafts = draft_layers(config) if spec is not None and spec.method == "dflash" else []
-    hidden = (hidden_state_layers(config, wide) if extracts else []) + drafts
     align_for_gpu(config)
     specs = model_layer_specs(config)
-    for name, layer in hidden:
+    for name, layer in extracted + drafts:
         specs[name] = layer.get_kv_cache_spec(config)
-    backends = {n: layer.get_attn_backend() for n, layer in hidden if n not in dict(drafts)}
+    backends = {name: layer.get_attn_backend() for name, layer in extracted}
     return marked_as_runner(config, specs, backends)
 
 
@@ -246,12 +246,12 @@ def marked_as_runner(config: Any, specs: dict[str, Any], backends: dict[str, Any
     if "indexes_kv_by_block_stride" not in {f.name for f in fields(AttentionSpec)}:
         return specs
     marked = {}
-    for name, spec in specs.items():
-        if isinstance(spec, AttentionSpec):
-            with set_current_vllm_config(config):
+    with set_current_vllm_config(config):
+        for name, spec in specs.items():
+            if isinstance(spec, AttentionSpec):
                 strided = backends.get(name, FlashAttentionBackend).indexes_kv_by_block_stride()
-            spec = replace(spec, indexes_kv_by_block_stride=strided)
-        marked[name] = spec
+                spec = replace(spec, indexes_kv_by_block_stride=strided)
+            marked[name] = spec
     return marked
 
 
@@ -271,21 +271,20 @@ def draft_layers(config: Any) -> list[tuple[str, Any]]:
     resolve = getattr(qwen3_dflash, "_resolve_layer_attention", None)  # 0.25+: sliding layers
     first = config.model_config.get_num_layers(config.parallel_config)
     layers = []
-    for i in range(draft.num_hidden_layers):
-        name = f"model.layers.{first + i}.self_attn.attn"
-        config.compilation_config.static_forward_context.pop(name, None)
-        window = resolve(draft, i)[0] if resolve else None
-        with set_current_vllm_config(config):
+    with set_current_vllm_config(config):
+        for i in range(draft.num_hidden_layers):
+            name = f"model.layers.{first + i}.self_attn.attn"
+            config.compilation_config.static_forward_context.pop(name, None)
             layer = Attention(
                 heads,
                 head_size,
                 head_size**-0.5,
                 num_kv_heads=kv_heads,
                 cache_config=config.cache_config,
-                per_layer_sliding_window=window,
+                per_layer_sliding_window=resolve(draft, i)[0] if resolve else None,
                 prefix=name,
             )
-        layers.append((name, layer))
+            layers.append((name, layer))
     return layers
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from speculators_hybrid.models import SLIDING
 from speculators_hybrid.registry import Patch, Target
 from speculators_hybrid.vllm_patches._targets import (
     EXTRACT_BEFORE_031,
@@ -44,7 +45,6 @@ from speculators_hybrid.vllm_patches._targets import (
 
 logger = logging.getLogger("vllm.speculators_hybrid")
 
-SLIDING = "sliding_attention"
 PROPOSER = "vllm.v1.spec_decode.dflash"
 BUILD_METADATA = "DFlashProposer.build_per_group_and_layer_attn_metadata"
 BUILD_METADATA_FINGERPRINTS = ("fc1281049830d5bf",)  # 0.20.0-0.22.1
