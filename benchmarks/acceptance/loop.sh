@@ -30,9 +30,7 @@
 set -uo pipefail
 ACC=${ACC:-/tmp/stash/acc}
 TARGET_S=${TARGET_S:-100}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-300}; EPOCHS=${EPOCHS:-2}; PORT=${PORT:-8100}
-export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
-export TRITON_CACHE_AUTOTUNING=1 TRITON_HOME=/tmp/stash/triton-home VLLM_CACHE_ROOT=/tmp/stash/vllm-cache
-RUNNER=${RUNNER:-/tmp/stash/bin/on-device.sh}  # runs a command in the staged environment
+source "$(dirname "$0")/../stash.sh"  # RUNNER, the environment
 say() { echo "$(date +%T) $*" | tee -a "$ACC/status"; }
 
 phase_target() {
@@ -219,9 +217,9 @@ EOF
 case "${1:-}" in
   start)
     mkdir -p "$ACC/logs" "$ACC/results" "$ACC/code/benchmarks"
-    rm -rf "$ACC/code/benchmarks/acceptance"; cp -r benchmarks/acceptance "$ACC/code/benchmarks/"
+    rm -rf "$ACC/code/benchmarks/acceptance"; cp -r benchmarks/acceptance benchmarks/stash.sh "$ACC/code/benchmarks/"
     cp .device/launch_vllm.py "$ACC/launch_vllm.py"
-    mkdir -p /tmp/stash/bin; cp .device/bin/on-device.sh /tmp/stash/bin/
+    stash_runner
     # a Triton cache from an earlier run (poll brings it back as triton.tgz) skips most of the
     # engines' cold start; one that does not match is simply not used
     [ -f .device/triton.tgz ] && mkdir -p "$TRITON_HOME" && tar xzf .device/triton.tgz -C "$TRITON_HOME"
@@ -231,8 +229,7 @@ case "${1:-}" in
   all) phase_target && phase_train; phase_accept; say "loop: finished" ;;
   accept) phase_accept ;;
   poll)
-    end=$((SECONDS + ${2:-60}))
-    while [ $SECONDS -lt $end ] && ! [ -f "$ACC/results/accept.done" ]; do sleep 5; done
+    stash_wait "$ACC/results/accept.done" "${2:-60}"
     tar czf "$OUT/acc.tgz" -C "$ACC" results logs status 2>/dev/null
     if [ -f "$ACC/results/accept.done" ]; then  # for the next machine's cold start, if small
       tar czf /tmp/stash/triton.tgz -C "$TRITON_HOME" . 2>/dev/null

@@ -13,12 +13,7 @@
 # PORT (8200), ACC (/tmp/stash/acc: the acceptance loop's target is reused).
 set -uo pipefail
 BK=${BK:-/tmp/stash/backends}
-export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
-export TRITON_CACHE_AUTOTUNING=1 TRITON_HOME=/tmp/stash/triton-home VLLM_CACHE_ROOT=/tmp/stash/vllm-cache
-RUNNER=${RUNNER:-/tmp/stash/bin/on-device.sh}  # runs a command in the staged environment
-runner_in_stash() {
-  if [ -f .device/bin/on-device.sh ]; then mkdir -p /tmp/stash/bin; cp .device/bin/on-device.sh /tmp/stash/bin/; fi
-}
+source "$(dirname "$0")/../stash.sh"
 
 case "${1:-}" in
   start)
@@ -28,25 +23,17 @@ case "${1:-}" in
     cp -r benchmarks/__init__.py benchmarks/backends benchmarks/seed_job benchmarks/acceptance \
       "$BK/code/benchmarks/"
     cp tests/cpu/mooncake_store.py "$BK/code/tests/cpu/"
-    [ -f .device/launch_vllm.py ] && cp .device/launch_vllm.py "$BK/launch_vllm.py"
-    runner_in_stash
-    # the orchestrator runs in the staged environment; its commands each go through $RUNNER too
-    RUNNER=$RUNNER setsid bash -c "cd $BK/code && timeout ${BK_TIMEOUT:-660} bash $RUNNER run \
-      python3 benchmarks/backends/backends.py $BK/work --launcher $BK/launch_vllm.py $*; \
-      echo \$? > $BK/done" > "$BK/backends.log" 2>&1 < /dev/null &
-    sleep 2; echo "backends run started (pid $!)"
+    stash_start "$BK" "${BK_TIMEOUT:-660}" backends benchmarks/backends/backends.py "$@"
     ;;
   poll)
-    end=$((SECONDS + ${2:-60}))
-    while [ $SECONDS -lt $end ] && ! [ -f "$BK/done" ]; do sleep 5; done
-    mkdir -p "${OUT:-/tmp/out}"
-    tar czf "${OUT:-/tmp/out}/backends.tgz" -C "$BK" backends.log work/backends.json work/logs 2>/dev/null
+    stash_wait "$BK/done" "${2:-60}"
+    tar czf "$OUT/backends.tgz" -C "$BK" backends.log work/backends.json work/logs 2>/dev/null
     [ -f "$BK/done" ] && echo "finished: exit $(cat "$BK/done")" || echo "still running"
     [ -f "$BK/work/backends.json" ] && head -c 6000 "$BK/work/backends.json"; echo
     tail -n 8 "$BK/backends.log"
     for f in "$BK"/work/logs/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 3 "$f"; }; done
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/null
     ;;
-  check) runner_in_stash; bash "$RUNNER" run python3 benchmarks/backends/backends.py "$BK/check" --check ;;
+  check) stash_runner; bash "$RUNNER" run python3 benchmarks/backends/backends.py "$BK/check" --check ;;
   *) echo "usage: backends.sh start [backends.py options...] | poll SECONDS | check" >&2; exit 2 ;;
 esac

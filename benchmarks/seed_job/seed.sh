@@ -10,9 +10,7 @@
 # each bounded too. poll copies seed.json, the logs and the GPU samples to $OUT/seed.tgz.
 set -uo pipefail
 SEED=${SEED:-/tmp/stash/seed}
-export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
-export TRITON_CACHE_AUTOTUNING=1 TRITON_HOME=/tmp/stash/triton-home VLLM_CACHE_ROOT=/tmp/stash/vllm-cache
-RUNNER=${RUNNER:-/tmp/stash/bin/on-device.sh}
+source "$(dirname "$0")/../stash.sh"
 
 case "${1:-}" in
   start)
@@ -20,19 +18,11 @@ case "${1:-}" in
     mkdir -p "$SEED/code/benchmarks" "$SEED/work"
     rm -rf "$SEED/code/benchmarks/"{seed_job,acceptance} "$SEED/work/seed.json" "$SEED/done"
     cp -r benchmarks/__init__.py benchmarks/seed_job benchmarks/acceptance "$SEED/code/benchmarks/"
-    [ -f .device/launch_vllm.py ] && cp .device/launch_vllm.py "$SEED/launch_vllm.py"
-    if [ -f .device/bin/on-device.sh ]; then mkdir -p /tmp/stash/bin; cp .device/bin/on-device.sh /tmp/stash/bin/; fi
-    # the orchestrator runs in the staged environment; its commands each go through $RUNNER too
-    RUNNER=$RUNNER setsid bash -c "cd $SEED/code && timeout ${SEED_TIMEOUT:-1320} bash $RUNNER run \
-      python3 benchmarks/seed_job/seed.py $SEED/work --launcher $SEED/launch_vllm.py $*; \
-      echo \$? > $SEED/done" > "$SEED/seed.log" 2>&1 < /dev/null &
-    sleep 2; echo "seed job started (pid $!)"
+    stash_start "$SEED" "${SEED_TIMEOUT:-1320}" seed benchmarks/seed_job/seed.py "$@"
     ;;
   poll)
-    end=$((SECONDS + ${2:-60}))
-    while [ $SECONDS -lt $end ] && ! [ -f "$SEED/done" ]; do sleep 5; done
-    mkdir -p "${OUT:-/tmp/out}"
-    tar czf "${OUT:-/tmp/out}/seed.tgz" -C "$SEED" seed.log work/seed.json work/chats.json \
+    stash_wait "$SEED/done" "${2:-60}"
+    tar czf "$OUT/seed.tgz" -C "$SEED" seed.log work/seed.json work/chats.json \
       work/gpu.jsonl work/logs 2>/dev/null
     [ -f "$SEED/done" ] && echo "finished: exit $(cat "$SEED/done")" || echo "still running"
     [ -f "$SEED/work/seed.json" ] && head -c 4000 "$SEED/work/seed.json"; echo
