@@ -2,9 +2,10 @@
 
 A DFlash drafter in the shape speculators 0.9.0 saves by default (every draft layer a
 sliding-window layer, `sliding_window_non_causal: false`, the target's M-RoPE section) for the
-tiny Qwen3.5 target, both with random weights (`load_format="dummy"`), is served by vLLM + plugin,
-eager and with CUDA graphs, each engine in its own process: it starts, drafts, and logs that its
-draft blocks are served causal; with `dflash-causal-draft-blocks` off it serves them non-causal.
+tiny Qwen3.5 target (its language model only: the folder has no processor files), both with
+random weights (`load_format="dummy"`), is served by vLLM + plugin, eager and with CUDA graphs,
+each engine in its own process: it starts, drafts, and logs that its draft blocks are served
+causal; with `dflash-causal-draft-blocks` off it serves them non-causal.
 Random weights accept next to nothing: what trained drafters accept is the acceptance loop's
 (benchmarks/acceptance). Results: $GPU_RESULTS (JSON), if set.
 """
@@ -40,7 +41,7 @@ from vllm import LLM, SamplingParams
 target, drafter, eager = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 llm = LLM(model=target, load_format="dummy", skip_tokenizer_init=True, max_model_len=1024,
           kv_cache_memory_bytes=2 << 30, gpu_memory_utilization=0.2, enforce_eager=eager,
-          disable_log_stats=False, gdn_prefill_backend="triton", seed=0,
+          disable_log_stats=False, gdn_prefill_backend="triton", seed=0, language_model_only=True,
           speculative_config={"method": "dflash", "model": drafter, "num_speculative_tokens": 3})
 ids = [[(7 * i + j) % 1000 + 2 for j in range(40 + 30 * i)] for i in range(8)]
 prompts = [{"prompt_token_ids": p} for p in ids]
