@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -328,15 +329,20 @@ def gpu_matched_families(folder: Path = GPU_RESULTS) -> dict[str, set[str]]:
     carry `min_cos_per_id`) with no problems. A case is named `<family>-...`, Qwen3.5's
     `qwen3_5-multimodal-...` (model_type qwen3_5) or `qwen3_5-text-...` (qwen3_5_text)."""
     found: dict[str, set[str]] = {}
+    for _, name, case in _matched_cases(folder):
+        family, _, rest = name.partition("-")
+        if rest.startswith("text-"):
+            family += "_text"
+        found.setdefault(family, set()).add(case["vllm"])
+    return found
+
+
+def _matched_cases(folder: Path) -> Iterator[tuple[Path, str, dict[str, Any]]]:
+    """(file, case name, case) for each case whose files matched transformers."""
     for path in sorted(folder.glob("*.json")):
         for name, case in json.loads(path.read_text()).get("cases", {}).items():
-            if not isinstance(case, dict) or "min_cos_per_id" not in case or case.get("problems"):
-                continue
-            family, _, rest = name.partition("-")
-            if rest.startswith("text-"):
-                family += "_text"
-            found.setdefault(family, set()).add(case["vllm"])
-    return found
+            if isinstance(case, dict) and "min_cos_per_id" in case and not case.get("problems"):
+                yield path, name, case
 
 
 def family_table() -> str:
@@ -460,8 +466,9 @@ def _names(items: list[str]) -> str:
 
 
 def _run_dates(folder: Path = GPU_RESULTS) -> str:
-    """The first and last day of the GPU runs, from the result files' names."""
-    days = sorted(re.findall(r"\d{4}-\d{2}-\d{2}", " ".join(p.name for p in folder.glob("*.json"))))
+    """The first and last day of the GPU runs whose files matched, from the result files' names."""
+    names = " ".join(sorted({path.name for path, _, _ in _matched_cases(folder)}))
+    days = sorted(re.findall(r"\d{4}-\d{2}-\d{2}", names))
     return f"{days[0]} to {days[-1]}" if days else "no run yet"
 
 

@@ -132,3 +132,13 @@ def test_family_gpu_cells_come_from_matched_result_cases(tmp_path):
         "qwen3_5_text": {"0.24.0"},
         "lfm2": {"0.25.0"},
     }
+
+
+def test_the_proven_dates_are_those_of_runs_whose_files_matched(tmp_path):
+    import json
+
+    matched = {"cases": {"lfm2-x": {"vllm": "0.25.0", "problems": [], "min_cos_per_id": {}}}}
+    (tmp_path / "vllm-0.25.0-h200-2026-12-02-families.json").write_text(json.dumps(matched))
+    (tmp_path / "vllm-0.20.1-h200-2026-11-29.json").write_text(json.dumps(matched))
+    (tmp_path / "acceptance-2026-12-07-vllm0.20.1-h100.json").write_text('{"drafters": {}}')
+    assert _matrix()._run_dates(tmp_path) == "2026-11-29 to 2026-12-02"
