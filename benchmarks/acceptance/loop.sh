@@ -30,6 +30,9 @@
 set -uo pipefail
 ACC=${ACC:-/tmp/stash/acc}
 TARGET_S=${TARGET_S:-100}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-300}; EPOCHS=${EPOCHS:-2}; PORT=${PORT:-8100}
+ABLATE=${ABLATE:-1}; REFERENCE=${REFERENCE:-1}; NOISE=${NOISE:-1}; DFLASH_FULL=${DFLASH_FULL:-1}
+FP8=${FP8:-0}; GRAPHS=${GRAPHS:-1}; PARALLEL=${PARALLEL:-1}
+KNOBS="TARGET_S CHATS STEPS EPOCHS ABLATE REFERENCE NOISE DFLASH_FULL FP8 GRAPHS PARALLEL"
 source "$(dirname "$0")/../stash.sh"  # RUNNER, the environment
 say() { echo "$(date +%T) $*" | tee -a "$ACC/status"; }
 
@@ -100,10 +103,10 @@ phase_train() {
   say "server: starting"
   local server servers=() fp8_port=$((PORT + 1))
   start_server file "$PORT"; servers+=("$server"); local main=$server
-  if [ "${FP8:-0}" = 1 ]; then start_server fp8 "$fp8_port" --hidden-states-backend fp8; servers+=("$server"); fi
+  if [ "$FP8" = 1 ]; then start_server fp8 "$fp8_port" --hidden-states-backend fp8; servers+=("$server"); fi
   if ! wait_ready 300 "$main" "$PORT"; then say "server: FAILED"; stop_servers; return 1; fi
   say "server: ready"
-  local fp8=${FP8:-0}  # the fp8 server failing leaves its trainer out, not the loop
+  local fp8=$FP8  # the fp8 server failing leaves its trainer out, not the loop
   if [ "$fp8" = 1 ] && ! wait_ready 150 "${servers[1]}" "$fp8_port"; then
     say "server fp8: FAILED (eagle3-fp8 left out)"; fp8=0
   fi
@@ -117,16 +120,16 @@ phase_train() {
   local trainers=()  # wait for these only: a bare `wait` would also wait for the server
   train_one eagle3 eagle3 --num-layers 1 & trainers+=($!)
   train_one dflash dflash --num-layers 2 --block-size 4 & trainers+=($!)
-  if [ "${DFLASH_FULL:-1}" = 1 ]; then  # every draft layer full: what vLLM < 0.23 serves
+  if [ "$DFLASH_FULL" = 1 ]; then  # every draft layer full: what vLLM < 0.23 serves
     train_one dflash-full dflash --num-layers 2 --block-size 4 --full-attention-indices 0 1 \
       & trainers+=($!)
   fi
-  if [ "${ABLATE:-1}" = 1 ]; then
+  if [ "$ABLATE" = 1 ]; then
     SPECULATORS_HYBRID_DISABLED_PATCHES=verifier-norm-eagle3 \
       train_one eagle3-nonorm eagle3 --num-layers 1 & trainers+=($!)
   fi
-  [ "${REFERENCE:-1}" = 1 ] && { reference & trainers+=($!); }
-  if [ "${NOISE:-1}" = 1 ]; then  # the same EAGLE-3, another seed: run-to-run noise
+  [ "$REFERENCE" = 1 ] && { reference & trainers+=($!); }
+  if [ "$NOISE" = 1 ]; then  # the same EAGLE-3, another seed: run-to-run noise
     SEED=1 train_one eagle3-seed1 eagle3 --num-layers 1 & trainers+=($!)
   fi
   if [ "$fp8" = 1 ]; then
@@ -175,7 +178,7 @@ phase_accept() {
     else accept "$@"; fi
   }
   local lead="" rest="--beside"
-  [ "${PARALLEL:-1}" = all ] && lead="--beside"; [ "${PARALLEL:-1}" = 0 ] && rest=""
+  [ "$PARALLEL" = all ] && lead="--beside"; [ "$PARALLEL" = 0 ] && rest=""
   [ -f "$ACC/results/accept-target.json" ] || serve $lead target $a $args
   [ -n "$eagle" ] && serve $lead eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
   [ -n "$dflash" ] && serve $lead dflash $a --drafter "$dflash" --method dflash --k 3 $args
@@ -206,12 +209,17 @@ strip(c); json.dump(c, open(p, "w"), indent=2)
 EOF
     accept dflash-1d $a --drafter "$ACC/dflash-1d" --method dflash --k 3 $args
   fi
-  if [ "${GRAPHS:-1}" = 1 ]; then  # GRAPHS=0 saves two engine starts with CUDA graphs
+  if [ "$GRAPHS" = 1 ]; then  # GRAPHS=0 saves two engine starts with CUDA graphs
     local g="bash $RUNNER run python3 $ACC/code/benchmarks/acceptance/accept.py"
     accept target-graphs $g $args
     [ -n "$eagle" ] && accept eagle3-graphs $g --drafter "$eagle" --method eagle3 --k 3 $args
   fi
   touch "$ACC/results/accept.done"
+}
+
+write_knobs() {  # what the results were made with: tests/gpu/test_acceptance.py reads it
+  for k in $KNOBS; do printf '"%s": "%s"\n' "$k" "${!k}"; done | paste -sd, | sed 's/^/{/; s/$/}/' \
+    > "$ACC/results/knobs.json"
 }
 
 case "${1:-}" in
@@ -226,7 +234,7 @@ case "${1:-}" in
     setsid bash "$ACC/code/benchmarks/acceptance/loop.sh" all > "$ACC/logs/loop.log" 2>&1 < /dev/null &
     sleep 2; cat "$ACC/status" 2>/dev/null; echo "loop started"
     ;;
-  all) phase_target && phase_train; phase_accept; say "loop: finished" ;;
+  all) write_knobs; phase_target && phase_train; phase_accept; say "loop: finished" ;;
   accept) phase_accept ;;
   poll)
     stash_wait "$ACC/results/accept.done" "${2:-60}"

@@ -24,8 +24,10 @@ about the share of the most common tokens, 0.1 or less. So:
 - DFlash served as trained (the plugin drops M-RoPE from its config), no error;
 - every served drafter made drafts, and all but the control an acceptance length > 1.
 
-The issue's own bar (0.38 at position 0, length 1.8) is reported in the summary, not asserted.
-On success the summary goes to `SPECULATORS_HYBRID_GPU_REPORT`, else to
+A claim whose drafters the run left out on purpose (`knobs.json`, written by loop.sh: for
+example REFERENCE=0) is skipped with that reason; a drafter missing otherwise fails. The issue's
+own bar (0.38 at position 0, length 1.8) is reported in the summary, not asserted. The summary
+goes to `SPECULATORS_HYBRID_GPU_REPORT`, else to
 `tests/gpu/results/acceptance-<results folder name>.json`.
 """
 
@@ -44,7 +46,9 @@ SHUFFLED_RATIO, SHUFFLED_GAP = 2.0, 0.2
 NORM_MARGIN = 0.02
 REFERENCE_SLACK = 0.05
 ISSUE_FLOOR = {"position_0": 0.38, "length": 1.8}
-SERVED = ("eagle3", "eagle3-nonorm", "eagle3-hf32", "eagle3-shuffled", "dflash")
+# the drafters each knob of loop.sh adds; eagle3 and dflash are always trained
+KNOB_OF = {"eagle3-nonorm": "ABLATE", "eagle3-hf32": "REFERENCE", "eagle3-shuffled": "REFERENCE"}
+KNOB_OF |= {"eagle3-seed1": "NOISE"}
 HERE = Path(__file__).resolve().parent
 
 
@@ -59,10 +63,18 @@ def results() -> Path:
     return folder
 
 
+def knobs(results: Path) -> dict[str, str]:
+    path = results / "knobs.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def served(results: Path, name: str) -> dict[str, Any]:
     path = results / f"accept-{name}.json"
+    knob = KNOB_OF.get(name)
     if not path.is_file():
-        pytest.fail(f"no {path.name}: run loop.sh with REFERENCE=1 until accept.done")
+        if knob and knobs(results).get(knob) == "0":
+            pytest.skip(f"the run left {name} out ({knob}=0)")
+        pytest.fail(f"no {path.name}: run loop.sh until accept.done (knobs at their defaults)")
     report = json.loads(path.read_text())
     assert "error" not in report, f"{name} did not serve: {report['error']}"
     assert report["num_drafts"] > 0 and report["acceptance_per_position"], name
@@ -73,20 +85,39 @@ def first(report: dict[str, Any]) -> float:
     return float(report["acceptance_per_position"][0])
 
 
-def test_acceptance_floors(results: Path) -> None:
-    got = {name: served(results, name) for name in SERVED}
-    eagle, shuffled = first(got["eagle3"]), first(got["eagle3-shuffled"])
-    nonorm, reference = first(got["eagle3-nonorm"]), first(got["eagle3-hf32"])
-    for name, report in got.items():  # the control may accept nothing: only it is exempt
-        if name != "eagle3-shuffled":
-            assert report["acceptance_length"] > 1, (name, report["acceptance_length"])
+@pytest.mark.parametrize("name", ["eagle3", "dflash", "eagle3-nonorm", "eagle3-hf32"])
+def test_the_drafter_serves_and_accepts(results: Path, name: str) -> None:
+    """Served as trained (DFlash: with the M-RoPE section speculators saved), drafts accepted."""
+    report = served(results, name)
+    assert report["acceptance_length"] > 1, (name, report["acceptance_length"])
+
+
+def test_the_plugin_trains_better_than_without_its_norm_patch(results: Path) -> None:
+    eagle, nonorm = first(served(results, "eagle3")), first(served(results, "eagle3-nonorm"))
+    assert eagle >= nonorm + NORM_MARGIN, (eagle, nonorm)
+
+
+def test_far_above_the_shuffled_states_control(results: Path) -> None:
+    eagle, shuffled = first(served(results, "eagle3")), first(served(results, "eagle3-shuffled"))
     assert eagle >= SHUFFLED_RATIO * shuffled, (eagle, shuffled)
     assert eagle - shuffled >= SHUFFLED_GAP, (eagle, shuffled)
-    assert eagle >= nonorm + NORM_MARGIN, (eagle, nonorm)
+
+
+def test_as_good_as_the_float32_reference(results: Path) -> None:
+    eagle, reference = first(served(results, "eagle3")), first(served(results, "eagle3-hf32"))
     assert eagle >= reference - REFERENCE_SLACK, (eagle, reference)
 
+
+def test_summary(results: Path) -> None:
+    """What the run measured, beside the floors and the issue's own bar (not asserted)."""
+    got = {
+        path.stem[len("accept-") :]: json.loads(path.read_text())
+        for path in sorted(results.glob("accept-*.json"))
+    }
+    assert "eagle3" in got, f"no accept-eagle3.json in {results}"
     summary: dict[str, Any] = {
         "results": str(results),
+        "knobs": knobs(results),
         "floors": {
             "shuffled_ratio": SHUFFLED_RATIO,
             "shuffled_gap": SHUFFLED_GAP,
@@ -97,20 +128,25 @@ def test_acceptance_floors(results: Path) -> None:
             name: {
                 key: report.get(key)
                 for key in ("acceptance_per_position", "acceptance_length", "num_drafts")
-                + ("batch_tok_s", "serial_tok_s")
+                + ("batch_tok_s", "serial_tok_s", "error")
+                if key in report
             }
             for name, report in got.items()
+            if name != "target"
         },
         "issue_floor": ISSUE_FLOOR,
         "issue_floor_met": {
-            name: first(got[name]) >= ISSUE_FLOOR["position_0"]
+            name: "error" not in got[name]
+            and first(got[name]) >= ISSUE_FLOOR["position_0"]
             and got[name]["acceptance_length"] >= ISSUE_FLOOR["length"]
             for name in ("eagle3", "dflash")
+            if name in got
         },
     }
-    if (results / "accept-eagle3-seed1.json").is_file():  # run-to-run noise: another seed
-        seed1 = first(served(results, "eagle3-seed1"))
-        summary["seed_noise_position_0"] = round(abs(eagle - seed1), 4)
+    if "eagle3-seed1" in got and "error" not in got["eagle3-seed1"]:  # run-to-run noise
+        summary["seed_noise_position_0"] = round(
+            abs(first(got["eagle3"]) - first(got["eagle3-seed1"])), 4
+        )
     for key, name in (("target_alone", "accept-target.json"), ("target", "target.json")):
         if (results / name).is_file():  # decode rates without a drafter; the target's loss
             summary[key] = json.loads((results / name).read_text())

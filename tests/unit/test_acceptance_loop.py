@@ -189,3 +189,5 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     one_d = json.loads((acc / "dflash-1d" / "config.json").read_text())
     assert one_d["rope_parameters"] == {}
     assert (acc / "results" / "train.done").exists() and (acc / "results" / "accept.done").exists()
+    knobs = json.loads((acc / "results" / "knobs.json").read_text())
+    assert knobs["REFERENCE"] == reference and knobs["STEPS"] == "1" and knobs["ABLATE"] == "1"
