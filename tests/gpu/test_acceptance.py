@@ -47,8 +47,12 @@ NORM_MARGIN = 0.02
 REFERENCE_SLACK = 0.05
 ISSUE_FLOOR = {"position_0": 0.38, "length": 1.8}
 # the drafters each knob of loop.sh adds; eagle3 and dflash are always trained
-KNOB_OF = {"eagle3-nonorm": "ABLATE", "eagle3-hf32": "REFERENCE", "eagle3-shuffled": "REFERENCE"}
-KNOB_OF |= {"eagle3-seed1": "NOISE"}
+KNOB_OF = {
+    "eagle3-nonorm": "ABLATE",
+    "eagle3-hf32": "REFERENCE",
+    "eagle3-shuffled": "REFERENCE",
+    "eagle3-seed1": "NOISE",
+}
 HERE = Path(__file__).resolve().parent
 
 
