@@ -12,11 +12,12 @@
 #      by side by `speculators train --on-missing generate` through `speculators-hybrid run`
 #      ($STEPS steps, at most $EPOCHS epochs), and with ABLATE=1 (default) a third, the same
 #      EAGLE-3 with the plugin's verifier-norm patch disabled (SPECULATORS_HYBRID_DISABLED_PATCHES);
-#      with DFLASH_FULL=1 (default) the same DFlash with every draft layer full attention
+#      with DFLASH_FULL=1 (default 0) the same DFlash with every draft layer full attention
 #      (dflash-full: vLLM < 0.23 serves any DFlash so; speculators' default masks causally);
 #      with REFERENCE=1 (default), beside them: hf_states.py writes transformers' float32 states
 #      for the same prepared samples (and a row-shuffled copy, the control), then the same EAGLE-3
-#      is trained offline from each (`--hidden-states-path DIR --on-missing raise`); with NOISE=1
+#      is trained offline from each (`--hidden-states-path DIR --on-missing raise`; the control's
+#      once the online trainers are done: beside them it ran out of GPU memory); with NOISE=1
 #      (default) the same EAGLE-3 again with --seed 1 (eagle3-seed1: run-to-run noise); with FP8=1
 #      (default 0) a second server on PORT+1 writes the fp8 backend's files
 #      (`--hidden-states-backend fp8`) and the same EAGLE-3 trains from it (eagle3-fp8);
@@ -25,13 +26,14 @@
 #      DFlash with the causal-blocks patch off (dflash-noncausal, as vLLM < 0.26 serves it),
 #      two offline-trained EAGLE-3s, the seed-1 EAGLE-3, the EAGLE-3 on stock vLLM (plugin off),
 #      eagle3-fp8; DFlash from a copy of its config without M-RoPE only if the as-trained one
-#      fails; then, unless GRAPHS=0, target and EAGLE-3 with CUDA graphs.
-# Each phase's JSON lands in $ACC/results, which poll copies to $OUT/acc.
+#      fails; then, with GRAPHS=1 (default 0), target and EAGLE-3 with CUDA graphs.
+# Each phase's JSON lands in $ACC/results (with the trainers' own validation,
+# train-validation.json), which poll copies to $OUT/acc.
 set -uo pipefail
 ACC=${ACC:-/tmp/stash/acc}
-TARGET_S=${TARGET_S:-100}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-300}; EPOCHS=${EPOCHS:-2}; PORT=${PORT:-8100}
-ABLATE=${ABLATE:-1}; REFERENCE=${REFERENCE:-1}; NOISE=${NOISE:-1}; DFLASH_FULL=${DFLASH_FULL:-1}
-FP8=${FP8:-0}; GRAPHS=${GRAPHS:-1}; PARALLEL=${PARALLEL:-1}
+TARGET_S=${TARGET_S:-100}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-700}; EPOCHS=${EPOCHS:-4}; PORT=${PORT:-8100}
+ABLATE=${ABLATE:-1}; REFERENCE=${REFERENCE:-1}; NOISE=${NOISE:-1}; DFLASH_FULL=${DFLASH_FULL:-0}
+FP8=${FP8:-0}; GRAPHS=${GRAPHS:-0}; PARALLEL=${PARALLEL:-1}
 KNOBS="TARGET_S CHATS STEPS EPOCHS ABLATE REFERENCE NOISE DFLASH_FULL FP8 GRAPHS PARALLEL"
 source "$(dirname "$0")/../stash.sh"  # RUNNER, the environment
 say() { echo "$(date +%T) $*" | tee -a "$ACC/status"; }
@@ -73,15 +75,18 @@ train_one() {  # name speculator-type extra-args...; from the folder $HS offline
 
 reference() {  # transformers' states for the prepared samples, then EAGLE-3 trained from them
   say "hf-states: computing"
-  rm -rf "$ACC/hs-hf32" "$ACC/hs-shuffled"
+  rm -rf "$ACC/hs-hf32" "$ACC/hs-shuffled" "$ACC/results/hf_states.json"
   timeout 600 bash $RUNNER run python3 "$ACC/code/benchmarks/acceptance/hf_states.py" \
     "$ACC/target" "$ACC/data" "$ACC/hs-hf32" --target-layer-ids 2 4 5 \
     --shuffled-copy "$ACC/hs-shuffled" --report "$ACC/results/hf_states.json" \
     > "$ACC/logs/hf-states.log" 2>&1 || { say "hf-states: FAILED"; return 1; }
   say "hf-states: done"
-  HS="$ACC/hs-hf32" train_one eagle3-hf32 eagle3 --num-layers 1 & local hf32=$!
-  HS="$ACC/hs-shuffled" train_one eagle3-shuffled eagle3 --num-layers 1 & local shuffled=$!
-  wait "$hf32" "$shuffled"
+  HS="$ACC/hs-hf32" train_one eagle3-hf32 eagle3 --num-layers 1
+}
+
+control() {  # the EAGLE-3 from the row-shuffled states, once the reference states are written
+  while [ ! -f "$ACC/results/hf_states.json" ]; do kill -0 "$1" 2>/dev/null || return 1; sleep 5; done
+  HS="$ACC/hs-shuffled" train_one eagle3-shuffled eagle3 --num-layers 1
 }
 
 start_server() {  # name port launcher-options...: sets $server (its own process group)
@@ -128,7 +133,8 @@ phase_train() {
     SPECULATORS_HYBRID_DISABLED_PATCHES=verifier-norm-eagle3 \
       train_one eagle3-nonorm eagle3 --num-layers 1 & trainers+=($!)
   fi
-  [ "$REFERENCE" = 1 ] && { reference & trainers+=($!); }
+  local ref=""
+  [ "$REFERENCE" = 1 ] && { reference & ref=$!; }
   if [ "$NOISE" = 1 ]; then  # the same EAGLE-3, another seed: run-to-run noise
     SEED=1 train_one eagle3-seed1 eagle3 --num-layers 1 & trainers+=($!)
   fi
@@ -139,6 +145,11 @@ phase_train() {
   wait "${trainers[@]}"
   grep -c '"POST /v1/completions HTTP/1.1" 200' "$ACC"/logs/server-*.log > "$ACC/results/requests_200.txt"
   stop_servers; sleep 5
+  # the control only now: beside the others its trainer ran out of GPU memory (2026-12-07: five
+  # EAGLE-3 trainers of ~15 GB each, eager attention, with the server and two DFlash trainers)
+  if [ -n "$ref" ]; then control "$ref"; wait "$ref"; fi
+  python3 "$(dirname "$0")/validation.py" "$ACC/logs" \
+    > "$ACC/results/train-validation.json"
   touch "$ACC/results/train.done"
 }
 

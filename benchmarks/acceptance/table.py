@@ -5,7 +5,10 @@
 One markdown row per engine, in the loop's order: acceptance per position, acceptance length,
 decode tokens/s (all prompts at once; one at a time) and their ratio to the target alone; an
 engine that did not start shows the last line of the engine's own error (accept-NAME.cause.txt);
-engines served side by side (parallel.txt) show their rates in brackets, not compared.
+engines served side by side (parallel.txt) show their rates in brackets, not compared; with
+train-validation.json (validation.py), the last column is what the drafter's trainer validated:
+acceptance at draft position 0 and acceptance length (EAGLE-3: full_acc_0 and 1 + the sum of
+full_acc_i; DFlash: position_1_acc and eal, the accepted run of a block plus the bonus token).
 """
 
 from __future__ import annotations
@@ -31,6 +34,25 @@ ORDER = (
     "target-graphs",
     "eagle3-graphs",
 )
+# engines that serve another engine's drafter
+DRAFTER_OF = {
+    "eagle3-stock": "eagle3",
+    "eagle3-graphs": "eagle3",
+    "dflash-noncausal": "dflash",
+    "dflash-1d": "dflash",
+}
+
+
+def validated(trainer: dict[str, Any] | None) -> str:
+    """The trainer's last validation: position 0 / acceptance length, or '-'."""
+    epochs = (trainer or {}).get("validation_per_epoch") or [{}]
+    last = epochs[-1]
+    if "full_acc_0" in last:  # EAGLE-3: full_acc_i is the run up to position i
+        runs = [v for k, v in sorted(last.items()) if k.startswith("full_acc_")]
+        return f"{last['full_acc_0']:.3f} / {1 + sum(runs):.2f}"
+    if "eal" in last:  # DFlash
+        return f"{last.get('position_1_acc', float('nan')):.3f} / {last['eal']:.2f}"
+    return "-"
 
 
 def row(name: str, r: dict[str, Any], base: dict[str, Any] | None, cause: str, shared: bool) -> str:
@@ -56,16 +78,22 @@ def table(folder: Path) -> str:
     results = {n: json.loads(found[n].read_text()) for n in names}
     side = folder / "parallel.txt"  # engines the loop ran side by side
     shared = set(side.read_text().split()) if side.exists() else set()
+    trained = folder / "train-validation.json"
+    trainers = json.loads(trained.read_text()) if trained.exists() else None
     lines = [
         "| engine (k=3) | acceptance per position | length "
-        "| decode tok/s, all at once / one at a time | vs target |",
-        "|---|---|---|---|---|",
+        "| decode tok/s, all at once / one at a time | vs target |"
+        + (" validated: position 0 / length |" if trainers is not None else ""),
+        "|---|---|---|---|---|" + ("---|" if trainers is not None else ""),
     ]
     for name in names:
         base = results.get("target-graphs" if name.endswith("-graphs") else "target")
         cause = folder / f"accept-{name}.cause.txt"
         text = cause.read_text() if cause.exists() else ""
-        lines.append(row(name, results[name], base, text, name in shared))
+        line = row(name, results[name], base, text, name in shared)
+        if trainers is not None:
+            line += f" {validated(trainers.get(DRAFTER_OF.get(name, name)))} |"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -5,7 +5,8 @@ time; here each command it runs is answered by a small script (RUNNER): the targ
 answers /health until it is stopped, prepare-data, the trainers, accept.py. The loop must end on
 its own, stop the server, train the ablation with the verifier-norm patch off, and serve DFlash
 from a 1-D copy only when the as-trained one fails; with REFERENCE=1 (the default), write the
-reference states after prepare-data and train two more EAGLE-3s offline from them.
+reference states after prepare-data and train two more EAGLE-3s offline from them (the
+shuffled-states control once the online trainers are done), and read the trainers' validation.
 """
 
 from __future__ import annotations
@@ -40,14 +41,16 @@ case $args in
     mkdir -p "$5" "$(value --shuffled-copy "$@")"; echo '{}' > "$(value --report "$@")" ;;
   *"speculators train"*)
     save=$(value --save-path "$@"); mkdir -p "$save/1"
+    alive=""  # whether a training server still runs while this trainer starts
+    while read -r pid _; do kill -0 "$pid" 2> /dev/null && alive=1; done < "$STUB/servers"
     fmt='{"off": "%s", "seed": "%s", "full": "%s", "from": "%s %s %s", "backend": "%s",'
-    fmt+=' "rope_parameters": %s}'
+    fmt+=' "rope_parameters": %s, "alive": "%s"}'
     printf "$fmt" \
       "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" "$(value --seed "$@")" \
       "$(value --full-attention-indices "$@")" \
       "$(value --on-missing "$@")" \
       "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" \
-      "$(value --hidden-states-backend "$@")" '{"mrope_section": [1, 1]}' \
+      "$(value --hidden-states-backend "$@")" '{"mrope_section": [1, 1]}' "$alive" \
       > "$save/1/config.json" ;;
   *accept.py*)
     out="${!#}"
@@ -90,6 +93,9 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     env["STANDIN"] = str(Path(standin_vllm.__file__))
     env |= {"PORT": str(free_port()), "TARGET_S": "1", "CHATS": "2", "STEPS": "1"}
     env |= {"REFERENCE": reference, "GRAPHS": graphs, "FP8": "0" if fp8 == "0" else "1"}
+    full = ("dflash-full",) if reference == "1" else ()  # DFLASH_FULL: default 0
+    if full:
+        env["DFLASH_FULL"] = "1"
     if fp8 == "fails":  # the fp8 server dies at start: the loop goes on without eagle3-fp8
         env |= {"FP8_FAILS": "1", "PARALLEL": "all"}  # and every engine is served at once
     left_running = False
@@ -130,7 +136,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
         "eagle3": "",
         "dflash": "",
         "eagle3-nonorm": "verifier-norm-eagle3",
-        **{name: "" for name in ("dflash-full", "eagle3-seed1", *offline, *from_fp8)},
+        **{name: "" for name in (*full, "eagle3-seed1", *offline, *from_fp8)},
     }
     assert {name: c["full"] for name, c in configs.items()} == {
         name: "0" if name == "dflash-full" else "" for name in configs
@@ -152,6 +158,10 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
         assert status.index("prepare-data: done") < status.index("hf-states: computing")
         assert status.index("hf-states: done") < status.index("train eagle3-hf32: exit 0")
         assert (acc / "results" / "hf_states.json").exists()
+        # the control trains once the online trainers are done and their server stopped
+        assert configs["eagle3-shuffled"]["alive"] == "" and configs["eagle3"]["alive"] == "1"
+    validated = json.loads((acc / "results" / "train-validation.json").read_text())
+    assert set(validated) == set(configs)  # one entry per trainer log
 
     results = {p.name for p in (acc / "results").glob("accept-*.json")}
     assert results == {
@@ -160,7 +170,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
             "target",
             "eagle3",
             "dflash-1d",
-            "dflash-full",
+            *full,
             "dflash-noncausal",
             "eagle3-nonorm",
             "eagle3-seed1",
