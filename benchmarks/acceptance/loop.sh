@@ -108,10 +108,10 @@ phase_train() {
   say "server: starting"
   local server servers=() fp8_port=$((PORT + 1))
   start_server file "$PORT"; servers+=("$server"); local main=$server
-  if [ "$FP8" = 1 ]; then start_server fp8 "$fp8_port" --hidden-states-backend fp8; servers+=("$server"); fi
+  if wants eagle3-fp8; then start_server fp8 "$fp8_port" --hidden-states-backend fp8; servers+=("$server"); fi
   if ! wait_ready 300 "$main" "$PORT"; then say "server: FAILED"; stop_servers; return 1; fi
   say "server: ready"
-  local fp8=$FP8  # the fp8 server failing leaves its trainer out, not the loop
+  local fp8=0; wants eagle3-fp8 && fp8=1  # the fp8 server failing leaves its trainer out
   if [ "$fp8" = 1 ] && ! wait_ready 150 "${servers[1]}" "$fp8_port"; then
     say "server fp8: FAILED (eagle3-fp8 left out)"; fp8=0
   fi
@@ -125,17 +125,17 @@ phase_train() {
   local trainers=()  # wait for these only: a bare `wait` would also wait for the server
   train_one eagle3 eagle3 --num-layers 1 & trainers+=($!)
   train_one dflash dflash --num-layers 2 --block-size 4 & trainers+=($!)
-  if [ "$DFLASH_FULL" = 1 ]; then  # every draft layer full: what vLLM < 0.23 serves
+  if wants dflash-full; then  # every draft layer full: what vLLM < 0.23 serves
     train_one dflash-full dflash --num-layers 2 --block-size 4 --full-attention-indices 0 1 \
       & trainers+=($!)
   fi
-  if [ "$ABLATE" = 1 ]; then
+  if wants eagle3-nonorm; then
     SPECULATORS_HYBRID_DISABLED_PATCHES=verifier-norm-eagle3 \
       train_one eagle3-nonorm eagle3 --num-layers 1 & trainers+=($!)
   fi
   local ref=""
-  [ "$REFERENCE" = 1 ] && { reference & ref=$!; }
-  if [ "$NOISE" = 1 ]; then  # the same EAGLE-3, another seed: run-to-run noise
+  wants eagle3-hf32 && { reference & ref=$!; }
+  if wants eagle3-seed1; then  # the same EAGLE-3, another seed: run-to-run noise
     SEED=1 train_one eagle3-seed1 eagle3 --num-layers 1 & trainers+=($!)
   fi
   if [ "$fp8" = 1 ]; then
@@ -228,9 +228,21 @@ EOF
   touch "$ACC/results/accept.done"
 }
 
+planned() {  # the drafters the knobs ask for, one a line: the one place that maps knob to drafter
+  echo eagle3; echo dflash
+  [ "$DFLASH_FULL" = 1 ] && echo dflash-full
+  [ "$ABLATE" = 1 ] && echo eagle3-nonorm
+  [ "$REFERENCE" = 1 ] && { echo eagle3-hf32; echo eagle3-shuffled; }
+  [ "$NOISE" = 1 ] && echo eagle3-seed1
+  [ "$FP8" = 1 ] && echo eagle3-fp8
+  return 0
+}
+wants() { [[ $'\n'"$(planned)"$'\n' == *$'\n'"$1"$'\n'* ]]; }  # no pipe: no SIGPIPE race
+
 write_knobs() {  # what the results were made with: tests/gpu/test_acceptance.py reads it
-  for k in $KNOBS; do printf '"%s": "%s"\n' "$k" "${!k}"; done | paste -sd, | sed 's/^/{/; s/$/}/' \
-    > "$ACC/results/knobs.json"
+  { for k in $KNOBS; do printf '"%s": "%s"\n' "$k" "${!k}"; done
+    printf '"drafters": [%s]\n' "$(planned | sed 's/.*/"&"/' | paste -sd, | sed 's/,/, /g')"
+  } | paste -sd, | sed 's/^/{/; s/$/}/' > "$ACC/results/knobs.json"
 }
 
 case "${1:-}" in

@@ -201,3 +201,13 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     assert (acc / "results" / "train.done").exists() and (acc / "results" / "accept.done").exists()
     knobs = json.loads((acc / "results" / "knobs.json").read_text())
     assert knobs["REFERENCE"] == reference and knobs["STEPS"] == "1" and knobs["ABLATE"] == "1"
+    fp8_planned = ("eagle3-fp8",) if fp8 != "0" else ()  # planned even where its server failed
+    assert knobs["drafters"] == [
+        "eagle3",
+        "dflash",
+        *full,
+        "eagle3-nonorm",
+        *offline,
+        "eagle3-seed1",
+        *fp8_planned,
+    ]
