@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from speculators_hybrid import __version__, check, doctor, launch, run, switches, upstream
+from speculators_hybrid.accept import command as accept_command
 from speculators_hybrid.plugin import disabled, unknown_disabled, vllm_patches
 from speculators_hybrid.registry import Patch, Patcher
 from speculators_hybrid.verify import command as verify_command
@@ -17,7 +18,8 @@ DESCRIPTION = (
     "Qwen3-Next, Nemotron-H, ...). Installed next to vLLM it is a vLLM plugin that patches "
     "every vLLM process; these commands plan the KV cache on a CPU (doctor), start the server "
     "(launch), check and verify the files it writes (check, verify), run speculators with its "
-    "patches (run) and show the patches (patches)."
+    "patches (run), measure a trained drafter's acceptance (accept) and show the patches "
+    "(patches)."
 )
 PATCHES = (
     "The runtime patches of vLLM and speculators: `list` says which apply to the releases "
@@ -128,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_cli(sub)
     run.add_cli(sub)
     verify_command.add_cli(sub)
+    accept_command.add_cli(sub)
     return parser
 
 

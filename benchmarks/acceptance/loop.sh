@@ -21,7 +21,7 @@
 #      (default) the same EAGLE-3 again with --seed 1 (eagle3-seed1: run-to-run noise); with FP8=1
 #      (default 0) a second server on PORT+1 writes the fp8 backend's files
 #      (`--hidden-states-backend fp8`) and the same EAGLE-3 trains from it (eagle3-fp8);
-#   3. the server stopped, accept.py (k=3) for the target alone, EAGLE-3 and DFlash, one engine
+#   3. the server stopped, the accept engine (k=3) for the target alone, EAGLE-3 and DFlash, one engine
 #      at a time, then the controls at once (PARALLEL, below): dflash-full, the ablation, the
 #      DFlash with the causal-blocks patch off (dflash-noncausal, as vLLM < 0.26 serves it),
 #      two offline-trained EAGLE-3s, the seed-1 EAGLE-3, the EAGLE-3 on stock vLLM (plugin off),
@@ -161,14 +161,14 @@ accept() {  # NAME [VAR=VALUE...] COMMAND...: runs it with the result file as it
   timeout 420 env "$@" "$ACC/results/accept-$name.json" > "$ACC/logs/accept-$name.log" 2>&1
   local rc=$?
   say "accept $name: exit $rc"
-  # the engine core's own error (accept.py's JSON has only "initialization failed")
+  # the engine core's own error (the engine's JSON has only "initialization failed")
   [ $rc = 0 ] || grep -E "Error|Exception" "$ACC/logs/accept-$name.log" | grep -v "^Traceback" \
     | tail -n 5 > "$ACC/results/accept-$name.cause.txt"
   return $rc
 }
 
 phase_accept() {
-  local a="bash $RUNNER run python3 $ACC/code/benchmarks/acceptance/accept.py ${ACCEPT_ARGS---eager}"
+  local a="bash $RUNNER run python3 -m speculators_hybrid.accept.engine ${ACCEPT_ARGS---eager}"
   local args="$ACC/target $ACC/target/heldout.jsonl"
   local eagle; eagle=$(latest "$ACC/train-eagle3")
   local dflash; dflash=$(latest "$ACC/train-dflash")
@@ -221,7 +221,7 @@ EOF
     accept dflash-1d $a --drafter "$ACC/dflash-1d" --method dflash --k 3 $args
   fi
   if [ "$GRAPHS" = 1 ]; then  # GRAPHS=0 saves two engine starts with CUDA graphs
-    local g="bash $RUNNER run python3 $ACC/code/benchmarks/acceptance/accept.py"
+    local g="bash $RUNNER run python3 -m speculators_hybrid.accept.engine"
     accept target-graphs $g $args
     [ -n "$eagle" ] && accept eagle3-graphs $g --drafter "$eagle" --method eagle3 --k 3 $args
   fi

@@ -3,8 +3,8 @@
 benchmarks/acceptance/loop.sh (with REFERENCE=1, its default) trains, on the stdlib-tiny target,
 EAGLE-3 through the plugin, the same EAGLE-3 with the verifier-norm patch off, DFlash, and two
 EAGLE-3s offline from transformers' states: float32 (the reference) and the same states with each
-file's rows shuffled (a drafter that learned nothing about the tokens); accept.py serves each
-and writes `accept-<name>.json`. This test reads that folder (`ACCEPTANCE_RESULTS`: the loop's
+file's rows shuffled (a drafter that learned nothing about the tokens); the accept engine serves
+each and writes `accept-<name>.json`. This test reads that folder (`ACCEPTANCE_RESULTS`: the loop's
 `results`, e.g. unpacked from `acc.tgz`) and needs no GPU itself.
 
 Floors, at k = 3, from the runs so far (benchmarks/acceptance/README.md): EAGLE-3 served 0.294 at

@@ -2,10 +2,10 @@
 
 The loop runs on the GPU machine, where a wait that never returns costs the session's device
 time; here each command it runs is answered by a small script (RUNNER): the target, a server that
-answers /health until it is stopped, prepare-data, the trainers, accept.py. The loop must end on
-its own, stop the server, train the ablation with the verifier-norm patch off, and serve DFlash
-from a 1-D copy only when the as-trained one fails; with REFERENCE=1 (the default), write the
-reference states after prepare-data and train two more EAGLE-3s offline from them (the
+answers /health until it is stopped, prepare-data, the trainers, the accept engine. The loop
+must end on its own, stop the server, train the ablation with the verifier-norm patch off, and
+serve DFlash from a 1-D copy only when the as-trained one fails; with REFERENCE=1 (the default),
+write the reference states after prepare-data and train two more EAGLE-3s offline from them (the
 shuffled-states control once the online trainers are done), and read the trainers' validation.
 """
 
@@ -52,7 +52,7 @@ case $args in
       "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" \
       "$(value --hidden-states-backend "$@")" '{"mrope_section": [1, 1]}' "$alive" \
       > "$save/1/config.json" ;;
-  *accept.py*)
+  *accept.engine*)
     out="${!#}"
     case $out in *accept-dflash.json)  # the as-trained DFlash: refused, as stock vLLM does
       echo "ValueError: draft models do not support M-RoPE yet" >&2; exit 1;; esac

@@ -1,14 +1,11 @@
-"""benchmarks/acceptance/accept.py's reading of vLLM's speculative-decoding counters, with no GPU:
-acceptance per position and acceptance length over the drafts made between two readings."""
+"""The accept engine's reading of vLLM's speculative-decoding counters, with no GPU: acceptance
+per position and acceptance length over the drafts made between two readings."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.acceptance.accept import acceptance, counts  # noqa: E402
+from speculators_hybrid.accept.engine import acceptance, counts
 
 
 def reading(drafts: float, accepted: float, per_pos: list[float]) -> list[SimpleNamespace]:

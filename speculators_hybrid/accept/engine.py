@@ -1,18 +1,19 @@
-"""Serve a target with or without a drafter in vLLM and measure what the drafter is worth.
+"""One engine of `speculators-hybrid accept`: serve a target with or without a drafter in vLLM.
 
 Acceptance is read the way speculators' own end-to-end tests read it, from vLLM's metrics
 (`LLM(..., disable_log_stats=False)`, then `LLM.get_metrics()`): acceptance at draft position i
 is `vllm:spec_decode_num_accepted_tokens_per_pos[i] / vllm:spec_decode_num_drafts`, and the
 acceptance length is `1 + vllm:spec_decode_num_accepted_tokens / vllm:spec_decode_num_drafts`.
-Generation is greedy on held-out chats (the user turn, the assistant's turn to come), a fixed
-number of tokens each (`ignore_eos`), so runs with and without a drafter produce the same tokens
-and their decode rates compare: all prompts at once, then a few one at a time.
+Generation is greedy on held-out chats (the turns before the first assistant turn, then the
+assistant's turn to come), a fixed number of tokens each (`ignore_eos`), so runs with and
+without a drafter produce the same tokens and their decode rates compare: all prompts at once,
+then a few one at a time.
 
-    python benchmarks/acceptance/accept.py TARGET HELDOUT.jsonl OUT.json \
+    python -m speculators_hybrid.accept.engine TARGET HELDOUT.jsonl OUT.json \
         [--drafter DIR --method eagle3|dflash|mtp --k 3]
 
-One engine per process (run it once per drafter); vLLM's own error, if the engine cannot start,
-goes to OUT.json as `error` with exit 1.
+One engine per process (`accept` runs one per measurement); vLLM's own error, if the engine
+cannot start, goes to OUT.json as `error` with exit 1.
 """
 
 from __future__ import annotations
@@ -25,14 +26,28 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+ROLES = {"human": "user", "user": "user", "system": "system", "gpt": "assistant"}
+
+
+def opening(conv: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The turns before the first assistant turn, as role/content (speculators reads both
+    `role`/`content` and ShareGPT's `from`/`value`)."""
+    turns = []
+    for turn in conv:
+        role = ROLES.get(turn.get("role") or turn.get("from") or "", "assistant")
+        if role == "assistant":
+            break
+        turns.append({"role": role, "content": turn.get("content") or turn.get("value") or ""})
+    return turns
+
 
 def prompts(heldout: Path, tokenizer: Any, count: int) -> list[str]:
-    rows = [json.loads(line)["conversations"] for line in heldout.open()]
+    rows = [json.loads(line)["conversations"] for line in heldout.open() if line.strip()]
     step = max(len(rows) // count, 1)
-    picked = rows[::step][:count]
+    picked = [turns for conv in rows[::step] if (turns := opening(conv))][:count]
     return [
-        tokenizer.apply_chat_template(conv[:1], add_generation_prompt=True, tokenize=False)
-        for conv in picked
+        tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        for turns in picked
     ]
 
 
@@ -85,26 +100,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gpu-memory-utilization", type=float, default=0.3, help="lower when engines share a GPU"
     )
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--kv-cache-gib", type=float, default=4.0)
     args = parser.parse_args(argv)
-
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
-    texts = prompts(args.heldout, tokenizer, args.prompts)
     report: dict[str, Any] = {
         "target": str(args.target),
         "drafter": str(args.drafter) if args.drafter else None,
         "method": args.method if args.drafter else None,
         "k": args.k if args.drafter else 0,
-        "prompts": len(texts),
         "max_tokens": args.max_tokens,
         "cuda_graphs": not args.eager,
     }
     engine: dict[str, Any] = dict(
         model=str(args.target),
-        max_model_len=2048,
+        max_model_len=args.max_model_len,
         max_num_seqs=64,
-        kv_cache_memory_bytes=4 << 30,
+        kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)),
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.eager,
         disable_log_stats=False,
@@ -120,8 +131,12 @@ def main(argv: list[str] | None = None) -> int:
             "num_speculative_tokens": args.k,
         }
     try:
+        from transformers import AutoTokenizer
         from vllm import LLM, SamplingParams
 
+        tokenizer = AutoTokenizer.from_pretrained(args.target)
+        texts = prompts(args.heldout, tokenizer, args.prompts)
+        report["prompts"] = len(texts)
         start = time.time()
         llm = LLM(**engine)
         report["engine_start_s"] = round(time.time() - start, 1)
