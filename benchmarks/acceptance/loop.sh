@@ -21,8 +21,9 @@
 #      (default) the same EAGLE-3 again with --seed 1 (eagle3-seed1: run-to-run noise); with FP8=1
 #      (default 0) a second server on PORT+1 writes the fp8 backend's files
 #      (`--hidden-states-backend fp8`) and the same EAGLE-3 trains from it (eagle3-fp8);
-#   3. the server stopped, the accept engine (k=3) for the target alone, EAGLE-3 and DFlash, one engine
-#      at a time, then the controls at once (PARALLEL, below): dflash-full, the ablation, the
+#   3. the server stopped, the accept engine (k=3) for the target alone, EAGLE-3 and DFlash, one
+#      engine at a time (DFlash through `speculators-hybrid accept --no-baseline`, the user's
+#      command, its method read from the drafter's config), then the controls at once (PARALLEL, below): dflash-full, the ablation, the
 #      DFlash with the causal-blocks patch off (dflash-noncausal, as vLLM < 0.26 serves it),
 #      two offline-trained EAGLE-3s, the seed-1 EAGLE-3, the EAGLE-3 on stock vLLM (plugin off),
 #      eagle3-fp8; DFlash from a copy of its config without M-RoPE only if the as-trained one
@@ -167,6 +168,22 @@ accept() {  # NAME [VAR=VALUE...] COMMAND...: runs it with the result file as it
   return $rc
 }
 
+accept_cli() {  # NAME DRAFTER: served alone through the user's command, `speculators-hybrid accept`
+  local name=$1 out="$ACC/cli-$1"
+  say "accept $name (speculators-hybrid accept --no-baseline)"
+  rm -rf "$out"
+  timeout 420 bash $RUNNER run python3 -m speculators_hybrid.cli accept "$ACC/target" \
+    "$ACC/target/heldout.jsonl" --drafter "$2" --no-baseline --k 3 --gpu-memory-utilization 0.3 \
+    ${ACCEPT_ARGS---eager} --out "$out" > "$ACC/logs/accept-$name.log" 2>&1
+  local rc=$?
+  cat "$out/drafter.log" >> "$ACC/logs/accept-$name.log" 2> /dev/null
+  cp "$out/drafter.json" "$ACC/results/accept-$name.json" 2> /dev/null
+  say "accept $name: exit $rc"
+  [ $rc = 0 ] || grep -E "Error|Exception" "$ACC/logs/accept-$name.log" | grep -v "^Traceback" \
+    | tail -n 5 > "$ACC/results/accept-$name.cause.txt"
+  return $rc
+}
+
 phase_accept() {
   local a="bash $RUNNER run python3 -m speculators_hybrid.accept.engine ${ACCEPT_ARGS---eager}"
   local args="$ACC/target $ACC/target/heldout.jsonl"
@@ -192,7 +209,8 @@ phase_accept() {
   [ "$PARALLEL" = all ] && lead="--beside"; [ "$PARALLEL" = 0 ] && rest=""
   [ -f "$ACC/results/accept-target.json" ] || serve $lead target $a $args
   [ -n "$eagle" ] && serve $lead eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
-  [ -n "$dflash" ] && serve $lead dflash $a --drafter "$dflash" --method dflash --k 3 $args
+  if [ -n "$dflash" ] && [ -z "$lead" ]; then accept_cli dflash "$dflash"  # its method from its config
+  elif [ -n "$dflash" ]; then serve $lead dflash $a --drafter "$dflash" --method dflash --k 3 $args; fi
   [ -n "$dfull" ] && serve $rest dflash-full $a --drafter "$dfull" --method dflash --k 3 $args
   # the same DFlash with its blocks non-causal, as vLLM < 0.26 serves it without the plugin's patch
   [ -n "$dflash" ] && serve $rest dflash-noncausal SPECULATORS_HYBRID_DISABLED_PATCHES=dflash-causal-draft-blocks \

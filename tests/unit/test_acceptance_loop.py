@@ -52,10 +52,16 @@ case $args in
       "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" \
       "$(value --hidden-states-backend "$@")" '{"mrope_section": [1, 1]}' "$alive" \
       > "$save/1/config.json" ;;
+  *"speculators_hybrid.cli accept"*)  # the user's command, served alone: as-trained DFlash refused
+    out=$(value --out "$@"); mkdir -p "$out"; echo "$args" > "$out/args"
+    echo "ValueError: draft models do not support M-RoPE yet" | tee "$out/drafter.log" >&2
+    echo '{"error": "ValueError: draft models do not support M-RoPE yet"}' > "$out/drafter.json"
+    exit 1 ;;
   *accept.engine*)
     out="${!#}"
     case $out in *accept-dflash.json)  # the as-trained DFlash: refused, as stock vLLM does
-      echo "ValueError: draft models do not support M-RoPE yet" >&2; exit 1;; esac
+      echo "ValueError: draft models do not support M-RoPE yet" >&2
+      echo '{"error": "ValueError: draft models do not support M-RoPE yet"}' > "$out"; exit 1;; esac
     fmt='{"args": "%s", "off": "%s", "disabled": "%s"}'
     off=${SPECULATORS_HYBRID_DISABLE:-} disabled=${SPECULATORS_HYBRID_DISABLED_PATCHES:-}
     printf "$fmt" "$args" "$off" "$disabled" > "$out" ;;
@@ -169,6 +175,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
         for n in (
             "target",
             "eagle3",
+            "dflash",  # its error
             "dflash-1d",
             *full,
             "dflash-noncausal",
@@ -196,6 +203,13 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
         assert "--eager" not in with_graphs["args"]
     cause = (acc / "results" / "accept-dflash.cause.txt").read_text()
     assert "do not support M-RoPE" in cause  # the stand-in engine's own error, kept
+    refused = json.loads((acc / "results" / "accept-dflash.json").read_text())
+    assert "M-RoPE" in refused["error"]
+    if fp8 != "fails":  # served alone: through the user's command, its method from the config
+        cli = (acc / "cli-dflash" / "args").read_text()
+        assert "--no-baseline" in cli and "--method" not in cli and "train-dflash/" in cli
+    else:  # every engine at once: the engine itself, beside the others
+        assert not (acc / "cli-dflash").exists() and "dflash" in side_by_side
     one_d = json.loads((acc / "dflash-1d" / "config.json").read_text())
     assert one_d["rope_parameters"] == {}
     assert (acc / "results" / "train.done").exists() and (acc / "results" / "accept.done").exists()
