@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,14 @@ def _engine(args: argparse.Namespace, out: Path, name: str, drafter: list[str]) 
     return {"error": f"the engine exited {rc} without a report"}
 
 
+def _cause(log: Path) -> str:
+    """The last error line of an engine's log: vLLM's engine core logs the root cause there,
+    while the front end raises only "Engine core initialization failed"."""
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    found = [line.strip() for line in lines if re.search(r"\w(Error|Exception)\b:", line)]
+    return found[-1] if found else ""
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     return f" ({a / b:.2f}x)" if a and b else ""
 
@@ -179,8 +188,8 @@ def run(args: argparse.Namespace) -> int:
     for name, extra in plan:
         runs[name] = _engine(args, out, name, extra)
         if "error" in runs[name]:
-            error = runs[name]["error"].splitlines()[-1][:300]
-            print(f"accept: {name}: the engine failed: {error} (log: {out}/{name}.log)")
+            error = _cause(out / f"{name}.log") or runs[name]["error"].splitlines()[-1]
+            print(f"accept: {name}: the engine failed: {error[:300]} (log: {out}/{name}.log)")
             return 1
     report = {"target": args.target, "drafter": str(drafter), "method": method, "k": args.k}
     report["runs"] = runs

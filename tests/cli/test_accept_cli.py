@@ -1,9 +1,9 @@
 """`speculators-hybrid accept`: its input checks (one line, exit 2, before any engine starts),
 the drafter's method read from its config, one engine process a run with the options passed on,
 the table of the drafter's rates against the target's, and an engine that fails named with its
-log. The engines here are a stand-in script (no GPU on this machine); the engine itself runs on
-the GPU in benchmarks/acceptance/loop.sh. vLLM is needed (the command checks for it), so this
-runs in the envs of support.CLI.
+log and the root cause read from that log. The engines here are a stand-in script (no GPU on
+this machine); the engine itself runs on the GPU in benchmarks/acceptance/loop.sh. vLLM is
+needed (the command checks for it), so this runs in the envs of support.CLI.
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ with open(os.environ["STANDIN_ARGS"], "a") as f:
     f.write(json.dumps(args) + "\n")
 if "--drafter" in args:
     if os.environ.get("STANDIN_FAIL"):
-        print("Traceback ...\nValueError: draft models do not support M-RoPE yet")
-        json.dump({"error": "ValueError: draft models do not support M-RoPE yet"}, open(out, "w"))
+        # vLLM's engine core logs the root cause; the front end raises a generic error
+        print("(EngineCore pid=7) ValueError: draft models do not support M-RoPE yet")
+        print("Traceback (most recent call last):")
+        error = "RuntimeError: Engine core initialization failed. See root cause above."
+        json.dump({"error": error}, open(out, "w"))
         sys.exit(1)
     report = {"acceptance_per_position": [0.5, 0.25, 0.125], "acceptance_length": 1.875,
               "batch_tok_s": 2000.0, "serial_tok_s": 120.0}
@@ -85,7 +88,7 @@ def test_an_engine_that_fails_is_named_with_its_log(setup, capsys, monkeypatch) 
     monkeypatch.setenv("STANDIN_FAIL", "1")
     assert accept(setup, "--drafter", str(setup["run"] / "4"), "--no-baseline") == 1
     out = capsys.readouterr().out
-    assert "drafter: the engine failed: ValueError: draft models do not support M-RoPE" in out
+    assert "the engine failed: (EngineCore pid=7) ValueError: draft models do not support" in out
     assert str(setup["tmp"] / "out" / "drafter.log") in out
     calls = (setup["tmp"] / "args.jsonl").read_text().splitlines()
     assert len(calls) == 1  # --no-baseline: no target-alone engine
