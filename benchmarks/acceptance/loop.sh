@@ -210,6 +210,8 @@ phase_accept() {
   [ -f "$ACC/results/accept-target.json" ] || serve $lead target $a $args
   [ -n "$eagle" ] && serve $lead eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
   if [ -n "$dflash" ] && [ -z "$lead" ]; then accept_cli dflash "$dflash"  # its method from its config
+    # the command itself failing (no engine report) must not cost the measurement: the engine alone
+    [ -f "$ACC/cli-dflash/drafter.json" ] || accept dflash $a --drafter "$dflash" --method dflash --k 3 $args
   elif [ -n "$dflash" ]; then serve $lead dflash $a --drafter "$dflash" --method dflash --k 3 $args; fi
   [ -n "$dfull" ] && serve $rest dflash-full $a --drafter "$dfull" --method dflash --k 3 $args
   # the same DFlash with its blocks non-causal, as vLLM < 0.26 serves it without the plugin's patch

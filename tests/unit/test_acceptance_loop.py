@@ -54,8 +54,10 @@ case $args in
       > "$save/1/config.json" ;;
   *"speculators_hybrid.cli accept"*)  # the user's command, served alone: as-trained DFlash refused
     out=$(value --out "$@"); mkdir -p "$out"; echo "$args" > "$out/args"
+    [ -n "${CLI_BROKEN:-}" ] && { echo "accept: error: the command itself" >&2; exit 2; }
     echo "ValueError: draft models do not support M-RoPE yet" | tee "$out/drafter.log" >&2
-    echo '{"error": "ValueError: draft models do not support M-RoPE yet"}' > "$out/drafter.json"
+    echo '{"error": "ValueError: draft models do not support M-RoPE yet", "via": "cli"}' \
+      > "$out/drafter.json"
     exit 1 ;;
   *accept.engine*)
     out="${!#}"
@@ -104,6 +106,8 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
         env["DFLASH_FULL"] = "1"
     if fp8 == "fails":  # the fp8 server dies at start: the loop goes on without eagle3-fp8
         env |= {"FP8_FAILS": "1", "PARALLEL": "all"}  # and every engine is served at once
+    if fp8 == "1":  # `speculators-hybrid accept` itself fails: DFlash is served by the engine
+        env["CLI_BROKEN"] = "1"
     left_running = False
     try:
         done = subprocess.run(
@@ -208,6 +212,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     if fp8 != "fails":  # served alone: through the user's command, its method from the config
         cli = (acc / "cli-dflash" / "args").read_text()
         assert "--no-baseline" in cli and "--method" not in cli and "train-dflash/" in cli
+        assert ("via" in refused) == (fp8 == "0")  # else from the engine, after the command failed
     else:  # every engine at once: the engine itself, beside the others
         assert not (acc / "cli-dflash").exists() and "dflash" in side_by_side
     one_d = json.loads((acc / "dflash-1d" / "config.json").read_text())
