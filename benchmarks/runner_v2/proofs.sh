@@ -29,7 +29,7 @@ say() { echo "$(date +%T) $*" | tee -a "$V2/status"; }
 limit() {  # phase: its timeout in seconds (twice the estimate, README.md)
   case $1 in
     match) echo "${MATCH_S:-900}" ;; kv) echo "${KV_S:-400}" ;;
-    families-off | families-on) echo "${FAMILIES_S:-900}" ;; ratio) echo "${RATIO_S:-1200}" ;;
+    families-off | families-on) echo "${FAMILIES_S:-1200}" ;; ratio) echo "${RATIO_S:-1200}" ;;
   esac
 }
 

@@ -19,12 +19,12 @@ ROOT = JOB.parents[2]
 
 # answers `PY -m pytest ... FILE [-k EXPR]` and `PY benchmarks/extraction.py ...`
 STANDIN = r"""#!/bin/bash
-echo "$(pwd) | $* | report=${SPECULATORS_HYBRID_GPU_REPORT:-} | disable=${SPECULATORS_HYBRID_DISABLE:-}" >> "$STUB/calls"
+echo "$(pwd) | $* | report=${SPECULATORS_HYBRID_GPU_REPORT:-}" >> "$STUB/calls"
 case "$*" in
   *"$HANG"*) exec sleep 30 ;;
-  *"-m pytest"*) echo '{"cases": {}}' > "$SPECULATORS_HYBRID_GPU_REPORT"; echo "1 passed in 0.01s" ;;
+  *"-m pytest"*) echo '{"cases": {}}' > "$SPECULATORS_HYBRID_GPU_REPORT"; echo "1 passed" ;;
   *--table-only*) echo "| table |" ;;
-  *extraction.py*) out=$(echo "$*" | sed 's/.*--out \([^ ]*\).*/\1/'); touch "$out/engine-$3.json" ;;
+  *extraction.py*) out=$(echo "$*" | sed 's/.*--out \([^ ]*\).*/\1/'); touch "$out/$3.json" ;;
   *) echo "stand-in: unexpected: $*" >&2; exit 9 ;;
 esac
 """
@@ -85,7 +85,11 @@ def test_start_returns_and_poll_brings_back_the_results(tmp_path: Path) -> None:
 
     def job(*args: str, timeout: int = 30) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["bash", str(JOB), *args], env=env, cwd=ROOT, capture_output=True, text=True,
+            ["bash", str(JOB), *args],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
             timeout=timeout,
         )
 
