@@ -301,7 +301,8 @@ def support_table() -> str:
         lines.append(f"| `{patch.id}` | " + " | ".join(_cell(patch, r) for r in releases) + " |")
     tiers = [support.VLLM[r][0].upper() for r in releases]
     lines.append("| tier (F full, D decisive) | " + " | ".join(tiers) + " |")
-    gpu = [support.GPU_PROVEN.get(r, "") for r in releases]
+    proven = gpu_proven()
+    gpu = [proven.get(r, "") for r in releases]
     lines.append("| GPU-proven (model runner) | " + " | ".join(gpu) + " |")
     lines += ["", "| patch | project, versions | what it does | upstream | tests |"]
     lines.append("|---|---|---|---|---|")
@@ -343,6 +344,16 @@ def _matched_cases(folder: Path) -> Iterator[tuple[Path, str, dict[str, Any]]]:
         for name, case in json.loads(path.read_text()).get("cases", {}).items():
             if isinstance(case, dict) and "min_cos_per_id" in case and not case.get("problems"):
                 yield path, name, case
+
+
+def gpu_proven(folder: Path = GPU_RESULTS) -> dict[str, str]:
+    """vLLM release -> the model runner(s) of its GPU runs whose files matched transformers.
+    Results written before they recorded `runner` (to 2026-12-07) all ran V1: 0.20-0.28 run
+    hybrid extraction on V1, and every such run was on 0.20.1, 0.24.0 or 0.25.0."""
+    runners: dict[str, set[str]] = {}
+    for _, _, case in _matched_cases(folder):
+        runners.setdefault(case["vllm"], set()).add(case.get("runner") or "V1")
+    return {r: "+".join(sorted(runners[r])) for r in sorted(runners, key=Version)}
 
 
 def family_table() -> str:
@@ -486,7 +497,8 @@ def summary() -> str:
     releases = list(support.VLLM)
     full = [r for r in releases if support.VLLM[r] == support.FULL]
     matched = {f.model_type for f in FAMILIES if f.model_type in gpu_matched_families()}
-    proven = list(support.GPU_PROVEN)
+    runners = gpu_proven()
+    proven = list(runners)
     extracting = [f for f in FAMILIES if f.first is not None]
     later = [f"`{f.model_type}` from {f.first}" for f in extracting if f.first != releases[0]]
     refused = [f"`{f.model_type}`" for f in FAMILIES if f.first is None]
@@ -497,7 +509,7 @@ def summary() -> str:
         f"- GPU-proven (files matched transformers on an H200, {_run_dates()}; "
         "`tests/gpu/results/`): vLLM "
         f"{_names(proven)}, on the model runner "
-        f"{_names(sorted(set(support.GPU_PROVEN.values())))}.",
+        f"{_names(sorted(set(runners.values())))}.",
         f"- speculators: {_names(list(support.SPECULATORS))}, each tested beside vLLM "
         f"{support.SPECULATORS_VLLM}.",
         f"- Hybrid families: {len(extracting)} of {len(FAMILIES)} extract with the plugin ("

@@ -50,8 +50,5 @@ SPECULATORS_VLLM = "0.20.1"
 # speculators 0.9.0 pins.
 HS_CONNECTORS = "0.9.0"
 
-# Releases with a GPU proof on an H200 (tests/gpu/results/), and the model runner it ran.
-GPU_PROVEN: dict[str, str] = {"0.20.1": "V1", "0.24.0": "V1", "0.25.0": "V1"}
-
 # Releases whose env also runs tests/cli (the CLI as a subprocess with vLLM: doctor's plans).
 CLI: tuple[str, ...] = ("0.20.1", "0.25.0", "0.33.0")

@@ -69,6 +69,19 @@ def prompt_batches(seed: int = 0) -> list[list[list[int]]]:
 # ---------------------------------------------------------------- engine process (script side)
 
 
+def model_runner(llm: Any) -> str:
+    """The model runner the engine chose: V2 where vLLM has no other (0.34+), else what the
+    engine's config says (0.22+; `VLLM_USE_V2_MODEL_RUNNER=1` before that)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None:
+        return "V2"
+    config = llm.llm_engine.vllm_config
+    if hasattr(type(config), "use_v2_model_runner"):
+        return "V2" if config.use_v2_model_runner else "V1"
+    return "V2" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "V1"
+
+
 def engine_main(spec_path: str) -> None:
     """Runs in a fresh process: one vLLM engine, all batches, results as JSON."""
     import dataclasses
@@ -126,7 +139,8 @@ def engine_main(spec_path: str) -> None:
             ]
         )
     out = Path(spec["result"])
-    out.with_suffix(".tmp").write_text(json.dumps({"vllm": vllm.__version__, "batches": results}))
+    record = {"vllm": vllm.__version__, "runner": model_runner(llm), "batches": results}
+    out.with_suffix(".tmp").write_text(json.dumps(record))
     out.with_suffix(".tmp").rename(out)
     print("engine: done", flush=True)
 
@@ -286,6 +300,7 @@ def check_case(
     per_id, worst = worst_per_id(rows, ids)
     entry = {
         "vllm": data["vllm"],
+        "runner": data.get("runner"),
         "reference_device": hf.reference_device(),
         "ids": ids,
         "min_cos_per_id": per_id,

@@ -142,3 +142,21 @@ def test_the_proven_dates_are_those_of_runs_whose_files_matched(tmp_path):
     (tmp_path / "vllm-0.20.1-h200-2026-11-29.json").write_text(json.dumps(matched))
     (tmp_path / "acceptance-2026-12-07-vllm0.20.1-h100.json").write_text('{"drafters": {}}')
     assert _matrix()._run_dates(tmp_path) == "2026-11-29 to 2026-12-02"
+
+
+def test_the_gpu_row_names_the_runner_each_matched_run_recorded(tmp_path):
+    import json
+
+    def case(vllm, runner=None, problems=()):
+        found = {"vllm": vllm, "problems": list(problems), "min_cos_per_id": {}}
+        return found | ({"runner": runner} if runner else {})
+
+    cases = {
+        "lfm2-a": case("0.25.0"),  # written before results recorded the runner: V1
+        "lfm2-b": case("0.34.0", "V2"),
+        "lfm2-c": case("0.30.0", "V1"),
+        "lfm2-d": case("0.30.0", "V2"),
+        "lfm2-e": case("0.31.0", "V2", problems=["a file short"]),  # failed: not a proof
+    }
+    (tmp_path / "run.json").write_text(json.dumps({"cases": cases}))
+    assert _matrix().gpu_proven(tmp_path) == {"0.25.0": "V1", "0.30.0": "V1+V2", "0.34.0": "V2"}
