@@ -31,6 +31,26 @@ def _positive(text: str) -> int:
     return value
 
 
+def _gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB above 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1]")
+    return value
+
+
 def _target(raw: str) -> str:
     path = Path(raw)
     if path.is_dir():
@@ -51,11 +71,13 @@ def _checkpoint(raw: str) -> Path:
         raise BadInput(f"--drafter {raw} is not a folder: give a checkpoint folder of the drafter")
     if (path / "config.json").is_file():
         return path
-    saved = sorted(p.name for p in path.iterdir() if (p / "config.json").is_file())
-    if not saved:
+    names = [p.name for p in path.iterdir() if (p / "config.json").is_file()]
+    if not names:
         raise BadInput(f"--drafter {raw} holds no config.json: give a checkpoint folder")
-    numbered = sorted((int(n), n) for n in saved if n.isdigit())
-    last = f"{raw.rstrip('/')}/{numbered[-1][1]}" if numbered else f"{raw.rstrip('/')}/{saved[-1]}"
+    # numbered saves in their order, then the others (speculators' checkpoint_best)
+    saved = sorted(names, key=lambda n: (0, int(n), "") if n.isdigit() else (1, 0, n))
+    numbered = [n for n in saved if n.isdigit()]
+    last = f"{raw.rstrip('/')}/{(numbered or saved)[-1]}"
     raise BadInput(
         f"--drafter {raw} holds {len(saved)} checkpoints ({', '.join(saved)}): "
         f"name one, e.g. --drafter {last}"
@@ -219,9 +241,9 @@ def add_cli(sub: Any) -> None:
     parser.add_argument(
         "--max-model-len", type=_positive, default=2048, help="the engines' context (2048)"
     )
-    parser.add_argument("--kv-cache-gib", type=float, default=4.0, help="each engine's KV cache")
+    parser.add_argument("--kv-cache-gib", type=_gib, default=4.0, help="each engine's KV cache")
     parser.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.9, help="vLLM's, for each engine (0.9)"
+        "--gpu-memory-utilization", type=_fraction, default=0.9, help="vLLM's, each engine (0.9)"
     )
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--no-baseline", action="store_true", help="skip the target alone")

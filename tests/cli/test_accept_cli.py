@@ -97,11 +97,12 @@ def test_an_engine_that_fails_is_named_with_its_log(setup, capsys, monkeypatch) 
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
-        ("several-checkpoints", "holds 4 checkpoints (0, 10, 4, checkpoint_best): name one, e.g. "),
+        ("several-checkpoints", "holds 4 checkpoints (0, 4, 10, checkpoint_best): name one, e.g. "),
         ("no-target", "does not exist: give the target model's folder"),
         ("bad-heldout", "line 2 is not one of speculators' chats"),
         ("unknown-type", "names no drafter type this command knows (speculators_model_type: 'x')"),
         ("zero-k", "'0' is not a whole number above 0"),
+        ("memory", "'1.5' is not a fraction in (0, 1]"),
     ],
 )
 def test_bad_input_is_one_line_before_any_engine(setup, capsys, case: str, expected: str) -> None:
@@ -117,6 +118,8 @@ def test_bad_input_is_one_line_before_any_engine(setup, capsys, case: str, expec
         (drafter / "config.json").write_text(json.dumps({"speculators_model_type": "x"}))
     elif case == "zero-k":
         args += ["--k", "0"]
+    elif case == "memory":
+        args += ["--gpu-memory-utilization", "1.5"]
     try:
         rc = accept(setup, *args)
     except SystemExit as exc:  # argparse's own usage error
@@ -125,7 +128,7 @@ def test_bad_input_is_one_line_before_any_engine(setup, capsys, case: str, expec
     assert rc == 2 and expected in err, err
     if case == "several-checkpoints":
         assert err.strip().endswith(f"--drafter {setup['run']}/10")  # the last, by number
-    if case != "zero-k":
+    if case not in ("zero-k", "memory"):  # argparse's own: usage, then the one-line reason
         assert err.count("\n") == 1
     assert not (setup["tmp"] / "args.jsonl").exists()  # no engine started
 
