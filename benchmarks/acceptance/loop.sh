@@ -23,7 +23,8 @@
 #      (`--hidden-states-backend fp8`) and the same EAGLE-3 trains from it (eagle3-fp8);
 #   3. the server stopped, the accept engine (k=3) for the target alone, EAGLE-3 and DFlash, one
 #      engine at a time (DFlash through `speculators-hybrid accept --no-baseline`, the user's
-#      command, its method read from the drafter's config), then the controls at once (PARALLEL, below): dflash-full, the ablation, the
+#      command, its method read from the drafter's config), then the controls at once (PARALLEL,
+#      below): dflash-full, the ablation, the
 #      DFlash with the causal-blocks patch off (dflash-noncausal, as vLLM < 0.26 serves it),
 #      two offline-trained EAGLE-3s, the seed-1 EAGLE-3, the EAGLE-3 on stock vLLM (plugin off),
 #      eagle3-fp8; DFlash from a copy of its config without M-RoPE only if the as-trained one
@@ -146,7 +147,7 @@ phase_train() {
   wait "${trainers[@]}"
   grep -c '"POST /v1/completions HTTP/1.1" 200' "$ACC"/logs/server-*.log > "$ACC/results/requests_200.txt"
   stop_servers; sleep 5
-  # the control only now: beside the others its trainer ran out of GPU memory (2026-12-07: five
+  # the control only now: beside the others its trainer ran out of GPU memory (2026-12-07: four
   # EAGLE-3 trainers of ~15 GB each, eager attention, with the server and two DFlash trainers)
   if [ -n "$ref" ]; then control "$ref"; wait "$ref"; fi
   python3 "$(dirname "$0")/validation.py" "$ACC/logs" \
