@@ -272,6 +272,11 @@ case "${1:-}" in
     rm -rf "$ACC/code/benchmarks/acceptance"; cp -r benchmarks/acceptance benchmarks/stash.sh "$ACC/code/benchmarks/"
     cp .device/launch_vllm.py "$ACC/launch_vllm.py"
     stash_runner
+    # the engine and `speculators-hybrid accept` live in the staged wheel: an older one has neither
+    if ! bash "$RUNNER" run python3 -c "import speculators_hybrid.accept.engine" 2> /dev/null; then
+      echo "loop: the staged speculators-hybrid has no accept engine: run stage.sh --project-only here, then on-device.sh install" >&2
+      exit 2
+    fi
     # a Triton cache from an earlier run (poll brings it back as triton.tgz) skips most of the
     # engines' cold start; one that does not match is simply not used
     [ -f .device/triton.tgz ] && mkdir -p "$TRITON_HOME" && tar xzf .device/triton.tgz -C "$TRITON_HOME"
