@@ -230,3 +230,29 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
         "eagle3-seed1",
         *fp8_planned,
     ]
+
+
+def test_start_refuses_a_staged_wheel_without_the_accept_engine(tmp_path: Path) -> None:
+    """`start` on a machine whose staged project predates the accept engine: one line, exit 2,
+    nothing started (the loop would spend its device time to fail at the first engine)."""
+    tree = tmp_path / "tree"
+    (tree / "benchmarks").mkdir(parents=True)
+    (tree / ".device").mkdir()
+    (tree / ".device" / "launch_vllm.py").write_text("")
+    subprocess.run(["cp", "-r", str(LOOP.parent), str(tree / "benchmarks")], check=True)
+    subprocess.run(["cp", str(LOOP.parents[1] / "stash.sh"), str(tree / "benchmarks")], check=True)
+    runner = tmp_path / "runner.sh"
+    runner.write_text('echo "$*" >> "$(dirname "$0")/asked"; exit 1\n')  # the import fails
+    env = {**os.environ, "ACC": str(tmp_path / "acc"), "RUNNER": str(runner)}
+    done = subprocess.run(
+        ["bash", "benchmarks/acceptance/loop.sh", "start"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "stage.sh --project-only" in done.stderr
+    assert "import speculators_hybrid.accept.engine" in (tmp_path / "asked").read_text()
+    assert not (tmp_path / "acc" / "status").exists()  # the loop never started
