@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,24 +33,19 @@ def _positive(text: str) -> int:
     return value
 
 
-def _gib(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB above 0")
-    return value
+def _above_zero(what: str, high: float = math.inf) -> Callable[[str], float]:
+    """An argparse type: a number in (0, high], else `what` it must be."""
 
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = 0.0
+        if not 0 < value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1]")
-    return value
+    return parse
 
 
 def _target(raw: str) -> str:
@@ -241,9 +238,17 @@ def add_cli(sub: Any) -> None:
     parser.add_argument(
         "--max-model-len", type=_positive, default=2048, help="the engines' context (2048)"
     )
-    parser.add_argument("--kv-cache-gib", type=_gib, default=4.0, help="each engine's KV cache")
     parser.add_argument(
-        "--gpu-memory-utilization", type=_fraction, default=0.9, help="vLLM's, each engine (0.9)"
+        "--kv-cache-gib",
+        type=_above_zero("a number of GiB above 0"),
+        default=4.0,
+        help="each engine's KV cache",
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=_above_zero("a fraction in (0, 1]", 1.0),
+        default=0.9,
+        help="vLLM's, each engine (0.9)",
     )
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--no-baseline", action="store_true", help="skip the target alone")
