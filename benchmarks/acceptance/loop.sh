@@ -161,12 +161,15 @@ accept() {  # NAME [VAR=VALUE...] COMMAND...: runs it with the result file as it
   local name=$1; shift
   say "accept $name"
   timeout 420 env "$@" "$ACC/results/accept-$name.json" > "$ACC/logs/accept-$name.log" 2>&1
-  local rc=$?
-  say "accept $name: exit $rc"
-  # the engine core's own error (the engine's JSON has only "initialization failed")
-  [ $rc = 0 ] || grep -E "Error|Exception" "$ACC/logs/accept-$name.log" | grep -v "^Traceback" \
-    | tail -n 5 > "$ACC/results/accept-$name.cause.txt"
-  return $rc
+  accepted "$name" $?
+}
+
+accepted() {  # NAME RC: logs the exit; on failure keeps the engine core's own error, as the
+  # engine's JSON has only "initialization failed"; returns RC
+  say "accept $1: exit $2"
+  [ "$2" = 0 ] || grep -E "Error|Exception" "$ACC/logs/accept-$1.log" | grep -v "^Traceback" \
+    | tail -n 5 > "$ACC/results/accept-$1.cause.txt"
+  return "$2"
 }
 
 accept_cli() {  # NAME DRAFTER: served alone through the user's command, `speculators-hybrid accept`
@@ -179,10 +182,7 @@ accept_cli() {  # NAME DRAFTER: served alone through the user's command, `specul
   local rc=$?
   cat "$out/drafter.log" >> "$ACC/logs/accept-$name.log" 2> /dev/null
   cp "$out/drafter.json" "$ACC/results/accept-$name.json" 2> /dev/null
-  say "accept $name: exit $rc"
-  [ $rc = 0 ] || grep -E "Error|Exception" "$ACC/logs/accept-$name.log" | grep -v "^Traceback" \
-    | tail -n 5 > "$ACC/results/accept-$name.cause.txt"
-  return $rc
+  accepted "$name" $rc
 }
 
 phase_accept() {

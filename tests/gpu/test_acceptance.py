@@ -26,9 +26,8 @@ about the share of the most common tokens, 0.1 or less. So:
 
 A claim whose drafters the run left out on purpose (`knobs.json`'s `drafters`, written by
 loop.sh from its knobs: for example REFERENCE=0) is skipped with that reason; a drafter missing
-otherwise fails. The issue's
-own bar (0.38 at position 0, length 1.8) is reported in the summary, not asserted. The summary
-goes to `SPECULATORS_HYBRID_GPU_REPORT`, else to
+otherwise fails. The issue's own bar (0.38 at position 0, length 1.8) is reported in the
+summary, not asserted. The summary goes to `SPECULATORS_HYBRID_GPU_REPORT`, else to
 `tests/gpu/results/acceptance-<results folder name>.json`.
 """
 
