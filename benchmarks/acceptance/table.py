@@ -34,13 +34,13 @@ ORDER = (
     "target-graphs",
     "eagle3-graphs",
 )
-# engines that serve another engine's drafter
-DRAFTER_OF = {
-    "eagle3-stock": "eagle3",
-    "eagle3-graphs": "eagle3",
-    "dflash-noncausal": "dflash",
-    "dflash-1d": "dflash",
-}
+
+
+def trainer_of(name: str, result: dict[str, Any]) -> str:
+    """The trainer whose drafter an engine served, from the drafter path the engine recorded
+    ($ACC/train-NAME/STEP): eagle3-stock and eagle3-graphs serve eagle3's."""
+    folder = Path(result.get("drafter") or "").parent.name
+    return folder.removeprefix("train-") if folder.startswith("train-") else name
 
 
 def validated(trainer: dict[str, Any] | None) -> str:
@@ -92,7 +92,7 @@ def table(folder: Path) -> str:
         text = cause.read_text() if cause.exists() else ""
         line = row(name, results[name], base, text, name in shared)
         if trainers is not None:
-            line += f" {validated(trainers.get(DRAFTER_OF.get(name, name)))} |"
+            line += f" {validated(trainers.get(trainer_of(name, results[name])))} |"
         lines.append(line)
     return "\n".join(lines)
 

@@ -34,6 +34,7 @@ def test_validated_column_from_the_trainers_validation() -> None:
     assert rows["eagle3"].endswith("| 0.424 / 1.73 |")  # 1 + 0.424 + 0.197 + 0.104
     assert rows["dflash"].endswith("| 0.387 / 1.53 |")  # DFlash's own eal
     assert rows["eagle3-stock"].endswith("| 0.424 / 1.73 |")  # the eagle3 row's drafter
+    assert rows["dflash-noncausal"].endswith("| 0.387 / 1.53 |")  # dflash's, patch off
     assert rows["target"].endswith("| - | - |")
 
 
