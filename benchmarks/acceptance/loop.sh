@@ -16,8 +16,9 @@
 #      (dflash-full: vLLM < 0.23 serves any DFlash so; speculators' default masks causally);
 #      with REFERENCE=1 (default), beside them: hf_states.py writes transformers' float32 states
 #      for the same prepared samples (and a row-shuffled copy, the control), then the same EAGLE-3
-#      is trained offline from each (`--hidden-states-path DIR --on-missing raise`; the control's
-#      once the online trainers are done: beside them it ran out of GPU memory); with NOISE=1
+#      is trained offline from each (`--hidden-states-path DIR --on-missing raise`; the control
+#      beside the others where at most four trainers are planned, else once the online trainers
+#      are done: beside six it ran out of GPU memory); with NOISE=1
 #      (default) the same EAGLE-3 again with --seed 1 (eagle3-seed1: run-to-run noise); with FP8=1
 #      (default 0) a second server on PORT+1 writes the fp8 backend's files
 #      (`--hidden-states-backend fp8`) and the same EAGLE-3 trains from it (eagle3-fp8);
@@ -80,14 +81,14 @@ reference() {  # transformers' states for the prepared samples, then EAGLE-3 tra
   rm -rf "$ACC/hs-hf32" "$ACC/hs-shuffled" "$ACC/results/hf_states.json"
   timeout 600 bash $RUNNER run python3 "$ACC/code/benchmarks/acceptance/hf_states.py" \
     "$ACC/target" "$ACC/data" "$ACC/hs-hf32" --target-layer-ids 2 4 5 \
-    --shuffled-copy "$ACC/hs-shuffled" --report "$ACC/results/hf_states.json" \
+    --shuffled-copy "$ACC/hs-shuffled" --report "$ACC/results/hf_states.json" --workers 4 \
     > "$ACC/logs/hf-states.log" 2>&1 || { say "hf-states: FAILED"; return 1; }
   say "hf-states: done"
   HS="$ACC/hs-hf32" train_one eagle3-hf32 eagle3 --num-layers 1
 }
 
 control() {  # the EAGLE-3 from the row-shuffled states, once the reference states are written
-  while [ ! -f "$ACC/results/hf_states.json" ]; do kill -0 "$1" 2>/dev/null || return 1; sleep 5; done
+  while [ ! -f "$ACC/results/hf_states.json" ]; do kill -0 "$1" 2>/dev/null || return 1; sleep 1; done
   HS="$ACC/hs-shuffled" train_one eagle3-shuffled eagle3 --num-layers 1
 }
 
@@ -144,12 +145,14 @@ phase_train() {
     SERVER_PORT=$fp8_port train_one eagle3-fp8 eagle3 --num-layers 1 \
       --hidden-states-backend fp8 & trainers+=($!)
   fi
+  # the control beside them where at most four trainers run at once (~15 GB each on an H100),
+  # else once the online trainers are done (2026-12-07: beside six it ran out of GPU memory)
+  local early=""
+  if [ -n "$ref" ] && [ "$(planned | wc -l)" -le 4 ]; then control "$ref" & early=$!; fi
   wait "${trainers[@]}"
   grep -c '"POST /v1/completions HTTP/1.1" 200' "$ACC"/logs/server-*.log > "$ACC/results/requests_200.txt"
   stop_servers; sleep 5
-  # the control only now: beside the others its trainer ran out of GPU memory (2026-12-07: four
-  # EAGLE-3 trainers of ~15 GB each, eager attention, with the server and two DFlash trainers)
-  if [ -n "$ref" ]; then control "$ref"; wait "$ref"; fi
+  if [ -n "$ref" ]; then [ -n "$early" ] || control "$ref"; wait "$ref" $early; fi
   python3 "$(dirname "$0")/validation.py" "$ACC/logs" \
     > "$ACC/results/train-validation.json"
   touch "$ACC/results/train.done"

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +78,12 @@ def made(tmp_path_factory) -> dict[str, Path]:
     )
     assert hf.main([*common, str(folders["bf16"]), *cpu, "--dtype", "bfloat16"]) == 0
     assert hf.main([*common, str(folders["shuffled"]), *cpu, "--shuffle"]) == 0
-    return {"target": target, "data": data, **folders}
+    # the same in two processes (by path: spawned workers import the script by its name)
+    split = root / "split"
+    script = ROOT / "benchmarks/acceptance/hf_states.py"
+    argv = [sys.executable, str(script), *common, str(split), *cpu, "--workers", "2"]
+    subprocess.run([*argv, "--report", str(root / "split.json")], check=True, timeout=300)
+    return {"target": target, "data": data, **folders, "split": split}
 
 
 def speculators_dataset(data: Path, hidden_states: Path) -> Any:
@@ -198,3 +205,17 @@ def test_bad_input_is_one_line(made, tmp_path, capsys):
     lines = [line for line in err.splitlines() if line.startswith("hf_states: ")]
     assert len(lines) == 3, err
     assert "not empty" in lines[0] and "not a saved dataset" in lines[1] and "[2, 9, 8]" in lines[2]
+
+
+def test_workers_write_the_files_one_process_writes(made):
+    """--workers 2: every sample written once, by one of two processes, with the same values."""
+    report = json.loads((made["split"].parent / "split.json").read_text())
+    assert report["samples"] == SAMPLES and report["workers"] == 2
+    assert sorted(p.name for p in made["split"].iterdir()) == sorted(
+        p.name for p in made["hf32"].iterdir()
+    )
+    for i in range(SAMPLES):
+        one = load_file(made["hf32"] / f"hs_{i}.safetensors")
+        two = load_file(made["split"] / f"hs_{i}.safetensors")
+        assert torch.equal(one["token_ids"], two["token_ids"])
+        torch.testing.assert_close(one["hidden_states"], two["hidden_states"], rtol=0, atol=0)

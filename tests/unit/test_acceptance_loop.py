@@ -41,6 +41,7 @@ case $args in
     mkdir -p "$5" "$(value --shuffled-copy "$@")"; echo '{}' > "$(value --report "$@")" ;;
   *"speculators train"*)
     save=$(value --save-path "$@"); mkdir -p "$save/1"
+    [ -n "$(value --vllm-endpoint "$@")" ] && sleep 3  # online: the server's samples take a while
     alive=""  # whether a training server still runs while this trainer starts
     while read -r pid _; do kill -0 "$pid" 2> /dev/null && alive=1; done < "$STUB/servers"
     fmt='{"off": "%s", "seed": "%s", "full": "%s", "from": "%s %s %s", "backend": "%s",'
@@ -87,11 +88,13 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize(
-    ("reference", "graphs", "fp8"), [("1", "1", "0"), ("0", "0", "1"), ("0", "0", "fails")]
+    ("reference", "graphs", "fp8", "few"),
+    [("1", "1", "0", "0"), ("0", "0", "1", "0"), ("0", "0", "fails", "0"), ("1", "0", "0", "1")],
 )
 def test_loop_ends_stops_its_server_and_runs_every_phase(
-    tmp_path: Path, reference: str, graphs: str, fp8: str
+    tmp_path: Path, reference: str, graphs: str, fp8: str, few: str
 ) -> None:
+    """few=1: ABLATE=0 NOISE=0, four trainers: the control trains beside the online ones."""
     acc, stub = tmp_path / "acc", tmp_path / "stub"
     for d in (acc / "code", acc / "logs", acc / "results", stub):
         d.mkdir(parents=True)
@@ -101,7 +104,10 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     env["STANDIN"] = str(Path(standin_vllm.__file__))
     env |= {"PORT": str(free_port()), "TARGET_S": "1", "CHATS": "2", "STEPS": "1"}
     env |= {"REFERENCE": reference, "GRAPHS": graphs, "FP8": "0" if fp8 == "0" else "1"}
-    full = ("dflash-full",) if reference == "1" else ()  # DFLASH_FULL: default 0
+    full = ("dflash-full",) if reference == "1" and few == "0" else ()  # DFLASH_FULL: default 0
+    extra = () if few == "1" else ("eagle3-nonorm", "eagle3-seed1")  # ABLATE and NOISE: default 1
+    if few == "1":
+        env |= {"ABLATE": "0", "NOISE": "0"}
     if full:
         env["DFLASH_FULL"] = "1"
     if fp8 == "fails":  # the fp8 server dies at start: the loop goes on without eagle3-fp8
@@ -125,7 +131,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     assert not left_running, "the loop left a training server running"
     assert sorted(servers.values()) == ([""] if fp8 == "0" else ["", "fp8"])
     assert ("server fp8: FAILED" in status) == (fp8 == "fails")
-    assert "train eagle3-nonorm: exit 0" in status
+    assert ("train eagle3-nonorm: exit 0" in status) == bool(extra)
 
     offline = ("eagle3-hf32", "eagle3-shuffled") if reference == "1" else ()
     from_fp8 = ("eagle3-fp8",) if fp8 == "1" else ()
@@ -145,8 +151,8 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     assert {name: c["off"] for name, c in configs.items()} == {
         "eagle3": "",
         "dflash": "",
-        "eagle3-nonorm": "verifier-norm-eagle3",
-        **{name: "" for name in (*full, "eagle3-seed1", *offline, *from_fp8)},
+        **{name: "verifier-norm-eagle3" for name in extra if name == "eagle3-nonorm"},
+        **{name: "" for name in (*full, *extra[1:], *offline, *from_fp8)},
     }
     assert {name: c["full"] for name, c in configs.items()} == {
         name: "0" if name == "dflash-full" else "" for name in configs
@@ -159,17 +165,17 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
         assert configs["eagle3-fp8"]["from"] == fp8_server
         assert configs["eagle3-fp8"]["backend"] == "fp8" and configs["eagle3"]["backend"] == ""
     online = f"generate  http://127.0.0.1:{env['PORT']}/v1"
-    assert {configs[n]["from"] for n in ("eagle3", "dflash", "eagle3-nonorm", "eagle3-seed1")} == {
-        online
-    }
+    assert {configs[n]["from"] for n in ("eagle3", "dflash", *extra)} == {online}
     if offline:  # from the reference folders, never from the server
         assert configs["eagle3-hf32"]["from"] == f"raise {acc}/hs-hf32 "
         assert configs["eagle3-shuffled"]["from"] == f"raise {acc}/hs-shuffled "
         assert status.index("prepare-data: done") < status.index("hf-states: computing")
         assert status.index("hf-states: done") < status.index("train eagle3-hf32: exit 0")
         assert (acc / "results" / "hf_states.json").exists()
-        # the control trains once the online trainers are done and their server stopped
-        assert configs["eagle3-shuffled"]["alive"] == "" and configs["eagle3"]["alive"] == "1"
+        # the control trains once the online trainers are done and their server stopped, or
+        # beside them where only four trainers are planned
+        assert configs["eagle3-shuffled"]["alive"] == ("1" if few == "1" else "")
+        assert configs["eagle3"]["alive"] == "1"
     validated = json.loads((acc / "results" / "train-validation.json").read_text())
     assert set(validated) == set(configs)  # one entry per trainer log
 
@@ -183,8 +189,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
             "dflash-1d",
             *full,
             "dflash-noncausal",
-            "eagle3-nonorm",
-            "eagle3-seed1",
+            *extra,
             *offline,
             *from_fp8,
             "eagle3-stock",
@@ -219,15 +224,16 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     assert one_d["rope_parameters"] == {}
     assert (acc / "results" / "train.done").exists() and (acc / "results" / "accept.done").exists()
     knobs = json.loads((acc / "results" / "knobs.json").read_text())
-    assert knobs["REFERENCE"] == reference and knobs["STEPS"] == "1" and knobs["ABLATE"] == "1"
+    assert knobs["REFERENCE"] == reference and knobs["STEPS"] == "1"
+    assert knobs["ABLATE"] == knobs["NOISE"] == ("0" if few == "1" else "1")
     fp8_planned = ("eagle3-fp8",) if fp8 != "0" else ()  # planned even where its server failed
     assert knobs["drafters"] == [
         "eagle3",
         "dflash",
         *full,
-        "eagle3-nonorm",
+        *extra[:1],
         *offline,
-        "eagle3-seed1",
+        *extra[1:],
         *fp8_planned,
     ]
 
