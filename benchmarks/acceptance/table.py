@@ -94,6 +94,10 @@ def table(folder: Path) -> str:
         if trainers is not None:
             line += f" {validated(trainers.get(trainer_of(name, results[name])))} |"
         lines.append(line)
+    served = {trainer_of(name, results[name]) for name in names}
+    for name in [n for n in ORDER if n in (trainers or {}) and n not in served]:
+        # trained, never served (the loop stopped first): its own validation still tells
+        lines.append(f"| {name} | not served | - | - | - | {validated(trainers[name])} |")
     return "\n".join(lines)
 
 

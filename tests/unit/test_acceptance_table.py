@@ -38,6 +38,15 @@ def test_validated_column_from_the_trainers_validation() -> None:
     assert rows["target"].endswith("| - | - |")
 
 
+def test_trained_but_not_served_rows_keep_their_validation() -> None:
+    """Run 3 lost its machine before serving: each trainer's validation is still a row."""
+    run = RUN3.parent / "2026-12-07-run3-vllm0.20.1-h100"
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table.table(run).splitlines()[2:]}
+    assert rows["eagle3"] == "| eagle3 | not served | - | - | - | 0.594 / 2.35 |"
+    assert rows["dflash"].endswith("| 0.579 / 2.22 |")
+    assert rows["eagle3-hf32"].endswith("| - |")  # stopped before its first validation
+
+
 # two validation epochs as speculators' trainer logs them (rich wraps the pairs), a training
 # line between them that must not be read as validation
 LOG = """\
