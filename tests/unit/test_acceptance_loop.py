@@ -36,6 +36,7 @@ case $args in
     [ -n "${FP8_FAILS:-}" ] && [ "$(value --hidden-states-backend "$@")" = fp8 ] && exit 1
     exec python3 "$STANDIN" "$port" ;;
   *prepare-data*) mkdir -p "$(value --output "$@")" ;;
+  *importtime*) echo "import time: 1 | 2 | vllm" >&2 ;;
   *hf_states.py*)  # TARGET DATA OUT: after prepare-data
     [ -d "$4" ] || { echo "stub: no prepared data at $4" >&2; exit 1; }
     mkdir -p "$5" "$(value --shuffled-copy "$@")"; echo '{}' > "$(value --report "$@")" ;;
@@ -127,6 +128,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     status = (acc / "status").read_text()
     assert done.returncode == 0, status + done.stderr
     assert "loop: finished" in status, status
+    assert "imports: done in" in status and "vllm" in (acc / "logs" / "imports.log").read_text()
 
     assert not left_running, "the loop left a training server running"
     assert sorted(servers.values()) == ([""] if fp8 == "0" else ["", "fp8"])
