@@ -45,8 +45,8 @@ warm_imports() {  # beside the target's training: the server's first start spent
   # before vLLM's first log line (2026-12-07, run 3); this imports the API server once (its .pyc
   # written) and keeps the slowest imports in logs/imports.log
   local t0=$SECONDS
-  (cd "$ACC/code" && bash $RUNNER run python3 -X importtime -c "import vllm.entrypoints.openai.api_server" \
-    2> "$ACC/logs/imports.raw")
+  (cd "$ACC/code" && bash $RUNNER run python3 -X importtime \
+    -c "import vllm.entrypoints.openai.api_server" 2> "$ACC/logs/imports.raw")
   say "imports: done in $((SECONDS - t0)) s"
   sort -t'|' -k2 -n "$ACC/logs/imports.raw" | tail -n 25 > "$ACC/logs/imports.log"
   rm -f "$ACC/logs/imports.raw"
