@@ -24,8 +24,9 @@
 #      (`--hidden-states-backend fp8`) and the same EAGLE-3 trains from it (eagle3-fp8);
 #   3. the server stopped, the accept engine (k=3) for the target alone, EAGLE-3 and DFlash, one
 #      engine at a time (DFlash through `speculators-hybrid accept --no-baseline`, the user's
-#      command, its method read from the drafter's config), then the controls at once (PARALLEL,
-#      below): dflash-full, the ablation, the
+#      command, its method read from the drafter's config; beside the others with PARALLEL=all;
+#      the engine itself if the command fails), then the controls at once (PARALLEL, below):
+#      dflash-full, the ablation, the
 #      DFlash with the causal-blocks patch off (dflash-noncausal, as vLLM < 0.26 serves it),
 #      two offline-trained EAGLE-3s, the seed-1 EAGLE-3, the EAGLE-3 on stock vLLM (plugin off),
 #      eagle3-fp8; DFlash from a copy of its config without M-RoPE only if the as-trained one
@@ -186,12 +187,13 @@ accepted() {  # NAME RC: logs the exit; on failure keeps the engine core's own e
   return "$2"
 }
 
-accept_cli() {  # NAME DRAFTER: served alone through the user's command, `speculators-hybrid accept`
+accept_cli() {  # NAME DRAFTER [SHARE]: served through the user's command, `speculators-hybrid
+  # accept`, alone (0.3 of the GPU's memory) or beside other engines (SHARE: 0.1)
   local name=$1 out="$ACC/cli-$1"
   say "accept $name (speculators-hybrid accept --no-baseline)"
   rm -rf "$out"
   timeout 420 bash $RUNNER run python3 -m speculators_hybrid.cli accept "$ACC/target" \
-    "$ACC/target/heldout.jsonl" --drafter "$2" --no-baseline --k 3 --gpu-memory-utilization 0.3 \
+    "$ACC/target/heldout.jsonl" --drafter "$2" --no-baseline --k 3 --gpu-memory-utilization "${3:-0.3}" \
     ${ACCEPT_ARGS---eager} --out "$out" > "$ACC/logs/accept-$name.log" 2>&1
   local rc=$?
   cat "$out/drafter.log" >> "$ACC/logs/accept-$name.log" 2> /dev/null
@@ -224,10 +226,9 @@ phase_accept() {
   [ "$PARALLEL" = all ] && lead="--beside"; [ "$PARALLEL" = 0 ] && rest=""
   [ -f "$ACC/results/accept-target.json" ] || serve $lead target $a $args
   [ -n "$eagle" ] && serve $lead eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
-  if [ -n "$dflash" ] && [ -z "$lead" ]; then accept_cli dflash "$dflash"  # its method from its config
-    # the command itself failing (no engine report) must not cost the measurement: the engine alone
-    [ -f "$ACC/cli-dflash/drafter.json" ] || accept dflash $a --drafter "$dflash" --method dflash --k 3 $args
-  elif [ -n "$dflash" ]; then serve $lead dflash $a --drafter "$dflash" --method dflash --k 3 $args; fi
+  # DFlash through the user's command, its method from its config
+  if [ -n "$dflash" ] && [ -z "$lead" ]; then accept_cli dflash "$dflash"
+  elif [ -n "$dflash" ]; then side+=(dflash); accept_cli dflash "$dflash" 0.1 & pids+=($!); fi
   [ -n "$dfull" ] && serve $rest dflash-full $a --drafter "$dfull" --method dflash --k 3 $args
   # the same DFlash with its blocks non-causal, as vLLM < 0.26 serves it without the plugin's patch
   [ -n "$dflash" ] && serve $rest dflash-noncausal SPECULATORS_HYBRID_DISABLED_PATCHES=dflash-causal-draft-blocks \
@@ -239,6 +240,10 @@ phase_accept() {
   [ -n "$eagle" ] && serve $rest eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
   [ -n "$fp8" ] && serve $rest eagle3-fp8 $a --drafter "$fp8" --method eagle3 --k 3 $args
   if [ ${#pids[@]} -gt 0 ]; then printf '%s\n' "${side[@]}" > "$ACC/results/parallel.txt"; wait "${pids[@]}"; fi
+  # the command itself failing (no engine report) must not cost the measurement: the engine
+  if [ -n "$dflash" ] && ! [ -f "$ACC/cli-dflash/drafter.json" ]; then
+    accept dflash $a --drafter "$dflash" --method dflash --k 3 $args
+  fi
   local served="$ACC/results/accept-dflash.json"
   if [ -n "$dflash" ] && { ! [ -f "$served" ] || grep -q '"error"' "$served"; }; then
     rm -rf "$ACC/dflash-1d"; cp -r "$dflash" "$ACC/dflash-1d"  # as trained failed: a 1-D copy

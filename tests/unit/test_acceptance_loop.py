@@ -216,12 +216,12 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     assert "do not support M-RoPE" in cause  # the stand-in engine's own error, kept
     refused = json.loads((acc / "results" / "accept-dflash.json").read_text())
     assert "M-RoPE" in refused["error"]
-    if fp8 != "fails":  # served alone: through the user's command, its method from the config
-        cli = (acc / "cli-dflash" / "args").read_text()
-        assert "--no-baseline" in cli and "--method" not in cli and "train-dflash/" in cli
-        assert ("via" in refused) == (fp8 == "0")  # else from the engine, after the command failed
-    else:  # every engine at once: the engine itself, beside the others
-        assert not (acc / "cli-dflash").exists() and "dflash" in side_by_side
+    # through the user's command, its method from the config: alone, or beside every engine
+    cli = (acc / "cli-dflash" / "args").read_text()
+    assert "--no-baseline" in cli and "--method" not in cli and "train-dflash/" in cli
+    assert ("via" in refused) == (fp8 != "1")  # else from the engine, after the command failed
+    share = "0.1" if fp8 == "fails" else "0.3"
+    assert f"--gpu-memory-utilization {share}" in cli and ("dflash" in side_by_side) == (share == "0.1")
     one_d = json.loads((acc / "dflash-1d" / "config.json").read_text())
     assert one_d["rope_parameters"] == {}
     assert (acc / "results" / "train.done").exists() and (acc / "results" / "accept.done").exists()
