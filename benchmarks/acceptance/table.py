@@ -95,9 +95,10 @@ def table(folder: Path) -> str:
             line += f" {validated(trainers.get(trainer_of(name, results[name])))} |"
         lines.append(line)
     served = {trainer_of(name, results[name]) for name in names}
-    for name in [n for n in ORDER if n in (trainers or {}) and n not in served]:
-        # trained, never served (the loop stopped first): its own validation still tells
-        lines.append(f"| {name} | not served | - | - | - | {validated(trainers[name])} |")
+    for name in ORDER:
+        trainer = (trainers or {}).get(name)
+        if trainer is not None and name not in served:  # the loop stopped first
+            lines.append(f"| {name} | not served | - | - | - | {validated(trainer)} |")
     return "\n".join(lines)
 
 

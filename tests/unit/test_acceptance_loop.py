@@ -221,7 +221,8 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     assert "--no-baseline" in cli and "--method" not in cli and "train-dflash/" in cli
     assert ("via" in refused) == (fp8 != "1")  # else from the engine, after the command failed
     share = "0.1" if fp8 == "fails" else "0.3"
-    assert f"--gpu-memory-utilization {share}" in cli and ("dflash" in side_by_side) == (share == "0.1")
+    assert f"--gpu-memory-utilization {share}" in cli
+    assert ("dflash" in side_by_side) == (share == "0.1")
     one_d = json.loads((acc / "dflash-1d" / "config.json").read_text())
     assert one_d["rope_parameters"] == {}
     assert (acc / "results" / "train.done").exists() and (acc / "results" / "accept.done").exists()
