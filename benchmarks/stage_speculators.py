@@ -86,7 +86,7 @@ def pack(device: Path, wheels: list[Path], tree: int) -> list[Call]:
         calls[-1].room = free - size([part, *fixed, *extra])
         if calls[-1].room < -MARGIN:
             raise ValueError(f"{part.name} with a working tree of {tree:,} B is over a call")
-    ours = list((device / "wheels").glob("speculators_hybrid-*.whl"))  # the rest moves out
+    ours = list((device / "wheels").glob("speculators_hybrid-*.whl"))  # the rest is packed
     last = [device / "wheels", device / "launch_vllm.py", *fixed]
     room = free - size([*ours, device / "launch_vllm.py", *fixed])
     install = Call([str(p.relative_to(device.parent)) for p in last], room)
@@ -105,7 +105,8 @@ def pack(device: Path, wheels: list[Path], tree: int) -> list[Call]:
 
 
 def place(device: Path, calls: list[Call]) -> None:
-    """Move each call's wheels into its own folder .device/cK and add that folder to its carry."""
+    """Copy each call's wheels into its own folder .device/cK and add that folder to its carry;
+    .device/wheels keeps this project's wheel alone (the install call carries it)."""
     for old in device.glob("c[0-9]*"):
         shutil.rmtree(old)
     for k, call in enumerate(calls, 1):
@@ -114,8 +115,11 @@ def place(device: Path, calls: list[Call]) -> None:
         folder = device / f"c{k}"
         folder.mkdir()
         for wheel in call.wheels:
-            shutil.move(str(wheel), folder / wheel.name)
+            shutil.copy2(wheel, folder / wheel.name)
         call.carry.insert(1, f".device/c{k}")
+    for wheel in (device / "wheels").glob("*.whl"):
+        if not wheel.name.startswith("speculators_hybrid-"):
+            wheel.unlink()
 
 
 def lines(calls: list[Call], job: str) -> list[str]:

@@ -67,8 +67,10 @@ def test_each_wheel_once_and_no_call_over_the_limit(device: Path) -> None:
 
 
 def test_calls_name_each_folder_and_install_last(device: Path) -> None:
-    calls = stage.pack(device, wheels(device), TREE)
+    extra = sparse(device.parent / "mc" / "mooncake-1-py3-none-any.whl", 20_000_000)
+    calls = stage.pack(device, [*wheels(device), extra], TREE)
     stage.place(device, calls)
+    assert extra.exists()  # an --extra folder is copied from, so a second staging finds it
     text = stage.lines(calls, "JOB")
     assert len(text) == 1 + len(calls)
     for k, (line, call) in enumerate(zip(text[1:], calls, strict=True), 1):
