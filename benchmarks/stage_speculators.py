@@ -29,12 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.stage_torch import PLATFORMS  # noqa: E402  the device's wheel tags
+
 LIMIT = 64 << 20  # what one call carries, the working tree included
 MARGIN = 1 << 20  # files the tree gains between staging and the call
 PIP_TARGET = [
     *("--only-binary=:all:", "--no-deps", "--python-version", "3.12", "--implementation", "cp"),
-    *("--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64"),
-    *("--platform", "manylinux2014_x86_64"),
+    *(arg for tag in PLATFORMS for arg in ("--platform", tag)),
 ]
 PARK = "bash .device/bin/on-device.sh park"
 INSTALL = (

@@ -106,7 +106,8 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     env |= {"PORT": str(free_port()), "TARGET_S": "1", "CHATS": "2", "STEPS": "1"}
     env |= {"REFERENCE": reference, "GRAPHS": graphs, "FP8": "0" if fp8 == "0" else "1"}
     full = ("dflash-full",) if reference == "1" and few == "0" else ()  # DFLASH_FULL: default 0
-    extra = () if few == "1" else ("eagle3-nonorm", "eagle3-seed1")  # ABLATE and NOISE: default 1
+    nonorm = () if few == "1" else ("eagle3-nonorm",)  # ABLATE: default 1
+    seed1 = () if few == "1" else ("eagle3-seed1",)  # NOISE: default 1
     if few == "1":
         env |= {"ABLATE": "0", "NOISE": "0"}
     if full:
@@ -133,7 +134,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     assert not left_running, "the loop left a training server running"
     assert sorted(servers.values()) == ([""] if fp8 == "0" else ["", "fp8"])
     assert ("server fp8: FAILED" in status) == (fp8 == "fails")
-    assert ("train eagle3-nonorm: exit 0" in status) == bool(extra)
+    assert ("train eagle3-nonorm: exit 0" in status) == bool(nonorm)
 
     offline = ("eagle3-hf32", "eagle3-shuffled") if reference == "1" else ()
     from_fp8 = ("eagle3-fp8",) if fp8 == "1" else ()
@@ -153,8 +154,8 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     assert {name: c["off"] for name, c in configs.items()} == {
         "eagle3": "",
         "dflash": "",
-        **{name: "verifier-norm-eagle3" for name in extra if name == "eagle3-nonorm"},
-        **{name: "" for name in (*full, *extra[1:], *offline, *from_fp8)},
+        **{name: "verifier-norm-eagle3" for name in nonorm},
+        **{name: "" for name in (*full, *seed1, *offline, *from_fp8)},
     }
     assert {name: c["full"] for name, c in configs.items()} == {
         name: "0" if name == "dflash-full" else "" for name in configs
@@ -167,7 +168,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
         assert configs["eagle3-fp8"]["from"] == fp8_server
         assert configs["eagle3-fp8"]["backend"] == "fp8" and configs["eagle3"]["backend"] == ""
     online = f"generate  http://127.0.0.1:{env['PORT']}/v1"
-    assert {configs[n]["from"] for n in ("eagle3", "dflash", *extra)} == {online}
+    assert {configs[n]["from"] for n in ("eagle3", "dflash", *nonorm, *seed1)} == {online}
     if offline:  # from the reference folders, never from the server
         assert configs["eagle3-hf32"]["from"] == f"raise {acc}/hs-hf32 "
         assert configs["eagle3-shuffled"]["from"] == f"raise {acc}/hs-shuffled "
@@ -191,7 +192,8 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
             "dflash-1d",
             *full,
             "dflash-noncausal",
-            *extra,
+            *nonorm,
+            *seed1,
             *offline,
             *from_fp8,
             "eagle3-stock",
@@ -234,9 +236,9 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
         "eagle3",
         "dflash",
         *full,
-        *extra[:1],
+        *nonorm,
         *offline,
-        *extra[1:],
+        *seed1,
         *fp8_planned,
     ]
 
