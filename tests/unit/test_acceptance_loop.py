@@ -36,7 +36,9 @@ case $args in
     [ -n "${FP8_FAILS:-}" ] && [ "$(value --hidden-states-backend "$@")" = fp8 ] && exit 1
     exec python3 "$STANDIN" "$port" ;;
   *prepare-data*) mkdir -p "$(value --output "$@")" ;;
-  *importtime*) echo "import time: 1 | 2 | vllm" >&2 ;;
+  *compileall*) touch "$STUB/compiled" ;;
+  *importtime*)  # only once the staged packages are compiled
+    [ -f "$STUB/compiled" ] && echo "import time: 1 | 2 | vllm" >&2 ;;
   *hf_states.py*)  # TARGET DATA OUT: after prepare-data
     [ -d "$4" ] || { echo "stub: no prepared data at $4" >&2; exit 1; }
     mkdir -p "$5" "$(value --shuffled-copy "$@")"; echo '{}' > "$(value --report "$@")" ;;
@@ -129,7 +131,8 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     status = (acc / "status").read_text()
     assert done.returncode == 0, status + done.stderr
     assert "loop: finished" in status, status
-    assert "imports: done in" in status and "vllm" in (acc / "logs" / "imports.log").read_text()
+    assert "imports: compiled in" in status and "imports: done in" in status
+    assert "vllm" in (acc / "logs" / "imports.log").read_text()
 
     assert not left_running, "the loop left a training server running"
     assert sorted(servers.values()) == ([""] if fp8 == "0" else ["", "fp8"])
@@ -267,3 +270,30 @@ def test_start_refuses_a_staged_wheel_without_the_accept_engine(tmp_path: Path) 
     assert done.stderr.count("\n") == 1 and "stage.sh --project-only" in done.stderr
     assert "import speculators_hybrid.accept.engine" in (tmp_path / "asked").read_text()
     assert not (tmp_path / "acc" / "status").exists()  # the loop never started
+
+
+def test_the_staged_packages_are_compiled_without_importing_them(tmp_path: Path) -> None:
+    """The loop's COMPILE, run by the real compileall on a folder laid out as the staged one (a
+    `vllm` package beside others): every module gets its bytecode, `vllm` is never imported, and
+    a file that does not compile leaves the rest compiled."""
+    text = LOOP.read_text()
+    start = text.index("COMPILE='") + len("COMPILE='")
+    snippet = text[start : text.index("'", start)]
+    site = tmp_path / "site"
+    for name in ("vllm/__init__.py", "vllm/entrypoints/api.py", "transformers/models.py"):
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text("x = 1\n")
+    (site / "vllm" / "__init__.py").write_text("raise SystemExit('vllm imported')\n")
+    (site / "broken.py").write_text("def (:\n")
+    done = subprocess.run(
+        ["python3", "-c", snippet],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    compiled = {p.parent.parent.relative_to(site).as_posix() for p in site.rglob("*.pyc")}
+    assert compiled == {"vllm", "vllm/entrypoints", "transformers"}, compiled
+    names = {p.name.split(".")[0] for p in site.rglob("*.pyc")}
+    assert names == {"__init__", "api", "models"}, names  # broken.py: skipped
