@@ -5,6 +5,14 @@ export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export TRITON_CACHE_AUTOTUNING=1 TRITON_HOME=/tmp/stash/triton-home VLLM_CACHE_ROOT=/tmp/stash/vllm-cache
 RUNNER=${RUNNER:-/tmp/stash/bin/on-device.sh}  # runs a command in the staged environment
 
+# The staged packages come without bytecode (vLLM unzipped, the wheels installed with pip
+# --no-compile), so each first import compiled its modules one at a time: the acceptance loop's
+# first server spent 2.2 minutes before vLLM's first log line (2026-12-07). stash_compile writes
+# it on every core; the folder is found, not imported, and a file that does not compile is skipped.
+STASH_COMPILE='import compileall, os, importlib.util as u
+compileall.compile_dir(os.path.dirname(os.path.dirname(u.find_spec("vllm").origin)), quiet=2, workers=0)'
+stash_compile() { bash "$RUNNER" run python3 -c "$STASH_COMPILE" > /dev/null 2>&1; }
+
 stash_runner() {  # the runner, out of the working tree
   if [ -f .device/bin/on-device.sh ]; then mkdir -p /tmp/stash/bin; cp .device/bin/on-device.sh /tmp/stash/bin/; fi
 }
@@ -13,8 +21,10 @@ stash_start() {  # dir timeout-s name script args...: `script dir --launcher dir
   local dir=$1 limit=$2 name=$3 script=$4; shift 4
   [ -f .device/launch_vllm.py ] && cp .device/launch_vllm.py "$dir/launch_vllm.py"
   stash_runner
-  # the orchestrator runs in the staged environment; its commands each go through $RUNNER too
-  RUNNER=$RUNNER setsid bash -c "cd $dir/code && timeout $limit bash $RUNNER run \
+  # the orchestrator runs in the staged environment, once it is compiled; its commands each go
+  # through $RUNNER too
+  RUNNER=$RUNNER STASH_COMPILE=$STASH_COMPILE setsid bash -c "bash $RUNNER run python3 -c \"\$STASH_COMPILE\" \
+    > /dev/null 2>&1; cd $dir/code && timeout $limit bash $RUNNER run \
     python3 $script $dir/work --launcher $dir/launch_vllm.py $*; \
     echo \$? > $dir/done" > "$dir/$name.log" 2>&1 < /dev/null &
   sleep 2; echo "$name started (pid $!)"

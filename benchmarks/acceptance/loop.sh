@@ -38,21 +38,15 @@ ACC=${ACC:-/tmp/stash/acc}
 TARGET_S=${TARGET_S:-100}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-700}; EPOCHS=${EPOCHS:-4}; PORT=${PORT:-8100}
 ABLATE=${ABLATE:-1}; REFERENCE=${REFERENCE:-1}; NOISE=${NOISE:-1}; DFLASH_FULL=${DFLASH_FULL:-0}
 FP8=${FP8:-0}; GRAPHS=${GRAPHS:-0}; PARALLEL=${PARALLEL:-1}
-# the folder vLLM is staged in (found, not imported), compiled on every core; a file that does not
-# compile is skipped
-COMPILE='import compileall, os, importlib.util as u
-compileall.compile_dir(os.path.dirname(os.path.dirname(u.find_spec("vllm").origin)), quiet=2, workers=0)'
 KNOBS="TARGET_S CHATS STEPS EPOCHS ABLATE REFERENCE NOISE DFLASH_FULL FP8 GRAPHS PARALLEL"
 source "$(dirname "$0")/../stash.sh"  # RUNNER, the environment
 say() { echo "$(date +%T) $*" | tee -a "$ACC/status"; }
 
 warm_imports() {  # beside the target's training: the server's first start spent 2.2 minutes
-  # before vLLM's first log line (2026-12-07, run 3). The staged packages come without bytecode
-  # (unzipped, pip --no-compile), so each first import compiled its modules one at a time: this
-  # compiles them on every core, then imports the API server once and keeps the slowest imports
-  # in logs/imports.log
+  # before vLLM's first log line (2026-12-07, run 3): the staged packages compiled on every core
+  # (stash_compile), then the API server imported once, the slowest imports in logs/imports.log
   local t0=$SECONDS
-  bash $RUNNER run python3 -c "$COMPILE" > /dev/null 2>&1
+  stash_compile
   say "imports: compiled in $((SECONDS - t0)) s"
   (cd "$ACC/code" && bash $RUNNER run python3 -X importtime \
     -c "import vllm.entrypoints.openai.api_server" 2> "$ACC/logs/imports.raw")

@@ -273,11 +273,12 @@ def test_start_refuses_a_staged_wheel_without_the_accept_engine(tmp_path: Path) 
 
 
 def test_the_staged_packages_are_compiled_without_importing_them(tmp_path: Path) -> None:
-    """The loop's COMPILE, run by the real compileall on a folder laid out as the staged one (a
-    `vllm` package beside others): every module gets its bytecode, `vllm` is never imported, and
-    a file that does not compile leaves the rest compiled."""
-    text = LOOP.read_text()
-    start = text.index("COMPILE='") + len("COMPILE='")
+    """stash.sh's STASH_COMPILE (the loop's, the seed job's and the backends run's first step),
+    run by the real compileall on a folder laid out as the staged one (a `vllm` package beside
+    others): every module gets its bytecode, `vllm` is never imported, and a file that does not
+    compile leaves the rest compiled."""
+    text = (LOOP.parents[1] / "stash.sh").read_text()
+    start = text.index("STASH_COMPILE='") + len("STASH_COMPILE='")
     snippet = text[start : text.index("'", start)]
     site = tmp_path / "site"
     for name in ("vllm/__init__.py", "vllm/entrypoints/api.py", "transformers/models.py"):

@@ -70,6 +70,7 @@ case $args in
   *generate-offline-data*)
     out=$(value --output "$@"); mkdir -p "$out"
     for i in 0 1 2 3; do head -c 1000 /dev/zero > "$out/hs_$i.safetensors"; done ;;
+  *compileall*) ;;  # stash.sh's first step
   *) echo "stub: unexpected: $args" >&2; exit 9 ;;
 esac
 """
@@ -257,6 +258,11 @@ def test_backends_sh_starts_polls_and_checks(tmp_path: Path) -> None:
     assert "finished: exit 0" in poll.stdout, poll.stdout + (bk / "backends.log").read_text()
     assert not left, "the run left a server running"
     assert (bk / "code" / "benchmarks" / "backends" / "backends.py").exists()  # ran from a copy
+    commands = lines(stub / "commands")  # the staged packages compiled once, before any server
+    compiled = [i for i, c in enumerate(commands) if "compile_dir(" in c]
+    assert len(compiled) == 1 and compiled[0] < next(
+        i for i, c in enumerate(commands) if "cli launch" in c
+    ), commands
     listing = subprocess.run(["tar", "tzf", str(out / "backends.tgz")], capture_output=True,
                              text=True, check=True).stdout.split()  # fmt: skip
     assert "work/backends.json" in listing and "backends.log" in listing
