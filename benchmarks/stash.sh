@@ -1,16 +1,17 @@
-# Sourced by the GPU jobs (acceptance/loop.sh, seed_job/seed.sh, backends/backends.sh): what they
-# share. Each job copies its code under /tmp/stash, where a later call replacing the working tree
-# does not touch it, and runs there in its own session; poll waits for its `done` file.
+# Sourced by the GPU jobs (acceptance/loop.sh, seed_job/seed.sh, backends/backends.sh,
+# runner_v2/proofs.sh): what they share. Each job copies its code under /tmp/stash, where a later
+# call replacing the working tree does not touch it, and runs there in its own session; poll waits
+# for its `done` file.
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
-export TRITON_CACHE_AUTOTUNING=1 TRITON_HOME=/tmp/stash/triton-home VLLM_CACHE_ROOT=/tmp/stash/vllm-cache
+export TRITON_CACHE_AUTOTUNING=1 TRITON_HOME=${TRITON_HOME:-/tmp/stash/triton-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/stash/vllm-cache}
 RUNNER=${RUNNER:-/tmp/stash/bin/on-device.sh}  # runs a command in the staged environment
 
 # The staged packages come without bytecode (vLLM unzipped, the wheels installed with pip
 # --no-compile), so each first import compiled its modules one at a time: the acceptance loop's
-# first server spent 2.2 minutes before vLLM's first log line (2026-12-07). stash_compile writes
-# it on every core; the folder is found, not imported, and a file that does not compile is skipped.
-STASH_COMPILE='import compileall, os, importlib.util as u
-compileall.compile_dir(os.path.dirname(os.path.dirname(u.find_spec("vllm").origin)), quiet=2, workers=0)'
+# first server spent 2.2 minutes before vLLM's first log line (2026-12-07). STASH_COMPILE compiles
+# every folder on PYTHONPATH (the runners put the staged ones there, the image's own are not) on
+# every core, importing nothing; a file that does not compile is skipped.
+STASH_COMPILE='import compileall, os; [compileall.compile_dir(d, quiet=2, workers=0) for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if os.path.isdir(d)]'
 stash_compile() { bash "$RUNNER" run python3 -c "$STASH_COMPILE" > /dev/null 2>&1; }
 
 stash_runner() {  # the runner, out of the working tree

@@ -22,8 +22,7 @@ PHASES=${PHASES:-match kv families-off ratio families-on}
 PY=${PY:-python3}  # the staged environment's (the call runs under torch-site.sh and on-device.sh)
 # the real size on an H100 (80 GB): 54 GB of weights leave room for 8 GiB of KV
 RATIO_ARGS=${RATIO_ARGS:---models hybrid --size qwen3.6-27b --workload fixed --modes plain extract --cuda-graphs off --kv-cache-gib 8 --gpu-memory-utilization 0.92}
-export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
-export TRITON_CACHE_AUTOTUNING=1 TRITON_HOME=${TRITON_HOME:-/tmp/stash/triton-home} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/stash/vllm-cache}
+source "$(dirname "$0")/../stash.sh"  # the environment, STASH_COMPILE
 say() { echo "$(date +%T) $*" | tee -a "$V2/status"; }
 
 limit() {  # phase: its timeout in seconds (twice the estimate, README.md)
@@ -81,6 +80,8 @@ case "${1:-}" in
     ;;
   all)
     say "phases: $PHASES"
+    t0=$SECONDS; "$PY" -c "$STASH_COMPILE" > /dev/null 2>&1  # vLLM's and torch's folders
+    say "compiled in $((SECONDS - t0)) s"
     for phase in $PHASES; do run_phase "$phase"; done
     say "proofs: finished"; touch "$V2/done"
     ;;

@@ -272,29 +272,34 @@ def test_start_refuses_a_staged_wheel_without_the_accept_engine(tmp_path: Path) 
     assert not (tmp_path / "acc" / "status").exists()  # the loop never started
 
 
-def test_the_staged_packages_are_compiled_without_importing_them(tmp_path: Path) -> None:
-    """stash.sh's STASH_COMPILE (the loop's, the seed job's and the backends run's first step),
-    run by the real compileall on a folder laid out as the staged one (a `vllm` package beside
-    others): every module gets its bytecode, `vllm` is never imported, and a file that does not
-    compile leaves the rest compiled."""
+def test_the_staged_folders_are_compiled_without_importing_them(tmp_path: Path) -> None:
+    """stash.sh's STASH_COMPILE (the first step of every GPU job), run by the real compileall:
+    the two folders on PYTHONPATH (the staged vLLM's and torch's, laid out as staged) get the
+    bytecode of every module, a folder not on it (the image's) none, nothing is imported, and a
+    file that does not compile leaves the rest compiled."""
     text = (LOOP.parents[1] / "stash.sh").read_text()
     start = text.index("STASH_COMPILE='") + len("STASH_COMPILE='")
     snippet = text[start : text.index("'", start)]
-    site = tmp_path / "site"
+    site, torch_site, image = tmp_path / "site", tmp_path / "torch-site", tmp_path / "image"
     for name in ("vllm/__init__.py", "vllm/entrypoints/api.py", "transformers/models.py"):
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text("x = 1\n")
     (site / "vllm" / "__init__.py").write_text("raise SystemExit('vllm imported')\n")
     (site / "broken.py").write_text("def (:\n")
+    for folder in (torch_site, image):
+        (folder / "torch").mkdir(parents=True)
+        (folder / "torch" / "__init__.py").write_text("raise SystemExit('torch imported')\n")
+    path = os.pathsep.join((str(site), str(torch_site), str(tmp_path / "missing")))
     done = subprocess.run(
         ["python3", "-c", snippet],
-        env={**os.environ, "PYTHONPATH": str(site)},
+        env={**os.environ, "PYTHONPATH": path},
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    compiled = {p.parent.parent.relative_to(site).as_posix() for p in site.rglob("*.pyc")}
-    assert compiled == {"vllm", "vllm/entrypoints", "transformers"}, compiled
+    compiled = {p.parent.parent.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.pyc")}
+    staged = {"site/vllm", "site/vllm/entrypoints", "site/transformers", "torch-site/torch"}
+    assert compiled == staged, compiled
     names = {p.name.split(".")[0] for p in site.rglob("*.pyc")}
     assert names == {"__init__", "api", "models"}, names  # broken.py: skipped

@@ -23,6 +23,7 @@ echo "$(pwd) | $* | report=${SPECULATORS_HYBRID_GPU_REPORT:-}" >> "$STUB/calls"
 case "$*" in
   *"$HANG"*) exec sleep 30 ;;
   *"-m pytest"*) echo '{"cases": {}}' > "$SPECULATORS_HYBRID_GPU_REPORT"; echo "1 passed" ;;
+  *compile_dir*) ;;  # stash.sh's STASH_COMPILE, before the phases
   *--table-only*) echo "| table |" ;;
   *extraction.py*) out=$(echo "$*" | sed 's/.*--out \([^ ]*\).*/\1/'); touch "$out/$3.json" ;;
   *) echo "stand-in: unexpected: $*" >&2; exit 9 ;;
@@ -57,7 +58,9 @@ def test_every_phase_runs_in_order_and_a_hung_one_is_cut(tmp_path: Path) -> None
     status = (v2 / "status").read_text()
     assert done.returncode == 0, status + done.stderr
     assert "proofs: finished" in status and (v2 / "done").exists()
-    seen = calls(tmp_path)
+    compiled, *seen = calls(tmp_path)
+    assert "compile_dir(" in compiled, compiled  # the staged packages, before any phase
+    assert status.index("compiled in") < status.index("match: started")
     order = [
         "test_hidden_states_match.py",
         "test_kv_capacity.py",
