@@ -32,14 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.stage_torch import PLATFORMS  # noqa: E402  the device's wheel tags
+from benchmarks.stage_torch import DEVICE_WHEELS  # noqa: E402
 
 LIMIT = 64 << 20  # what one call carries, the working tree included
 MARGIN = 1 << 20  # files the tree gains between staging and the call
-PIP_TARGET = [
-    *("--only-binary=:all:", "--no-deps", "--python-version", "3.12", "--implementation", "cp"),
-    *(arg for tag in PLATFORMS for arg in ("--platform", tag)),
-]
 PARK = "bash .device/bin/on-device.sh park"
 INSTALL = (
     "bash .device/bin/on-device.sh install > /tmp/stash/install.log 2>&1; "
@@ -140,10 +136,8 @@ def lines(calls: list[Call], job: str) -> list[str]:
 def download(requirements: Path, folder: Path) -> None:
     names = [x for x in requirements.read_text().splitlines() if x.strip() and x[0] != "#"]
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", *PIP_TARGET, "-d", str(folder), *names],
-        check=True,
-    )
+    pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *DEVICE_WHEELS]
+    subprocess.run([*pip, "-d", str(folder), *names], check=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,11 @@ PLATFORMS = [f"manylinux_2_{i}_x86_64" for i in range(35, 16, -1)] + [
     "manylinux2010_x86_64",
     "manylinux1_x86_64",
 ]
+# pip's options for wheels the device's Python installs (binary only, CPython 3.12, its tags)
+DEVICE_WHEELS = [
+    *("--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"),
+    *(arg for tag in PLATFORMS for arg in ("--platform", tag)),
+]
 # Markers as the device's Python sees them.
 DEVICE_ENV = {
     "python_version": "3.12",
@@ -76,11 +81,8 @@ def report(requirement: str, cache: Path, deps: bool = True) -> list[dict[str, A
     """pip's resolution of `requirement` for the device (metadata only), cached as JSON."""
     out = cache / f"report-{requirement.replace('=', '')}{'' if deps else '-nodeps'}.json"
     if not out.exists():
-        cmd = pip("install", "-q", "--dry-run", "--ignore-installed", "--only-binary=:all:")
-        cmd += ["--target", str(cache / "none"), "--python-version", "3.12"]
-        cmd += ["--implementation", "cp", "--index-url", INDEX, "--report", str(out)]
-        for tag in PLATFORMS:
-            cmd += ["--platform", tag]
+        cmd = pip("install", "-q", "--dry-run", "--ignore-installed", *DEVICE_WHEELS)
+        cmd += ["--target", str(cache / "none"), "--index-url", INDEX, "--report", str(out)]
         cmd += ([] if deps else ["--no-deps"]) + [requirement]
         if subprocess.run(cmd).returncode != 0:
             fail(f"pip could not resolve {requirement} from PyPI (see above)")
@@ -165,12 +167,8 @@ def download(ship: list[dict[str, Any]], folder: Path) -> list[Path]:
     for it in ship:
         path = folder / it["download_info"]["url"].rsplit("/", 1)[1]
         if not path.exists():
-            cmd = pip(
-                "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"
-            )
-            cmd += ["--implementation", "cp", "--index-url", INDEX, "-d", str(folder)]
-            for tag in PLATFORMS:
-                cmd += ["--platform", tag]
+            cmd = pip("download", "-q", "--no-deps", *DEVICE_WHEELS)
+            cmd += ["--index-url", INDEX, "-d", str(folder)]
             cmd.append(f"{it['metadata']['name']}=={it['metadata']['version']}")
             if subprocess.run(cmd).returncode != 0 or not path.exists():
                 fail(f"could not download {path.name} from PyPI (see above)")
