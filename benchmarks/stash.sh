@@ -12,7 +12,10 @@ RUNNER=${RUNNER:-/tmp/stash/bin/on-device.sh}  # runs a command in the staged en
 # every folder on PYTHONPATH (the runners put the staged ones there, the image's own are not) on
 # every core, importing nothing; a file that does not compile is skipped.
 STASH_COMPILE='import compileall, os; [compileall.compile_dir(d, quiet=2, workers=0) for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if os.path.isdir(d)]'
-stash_compile() { bash "$RUNNER" run python3 -c "$STASH_COMPILE" > /dev/null 2>&1; }
+stash_compile() {  # [PYTHON...]: the staged Python, through $RUNNER unless given
+  [ $# -gt 0 ] || set -- bash "$RUNNER" run python3
+  "$@" -c "$STASH_COMPILE" > /dev/null 2>&1
+}
 
 stash_runner() {  # the runner, out of the working tree
   if [ -f .device/bin/on-device.sh ]; then mkdir -p /tmp/stash/bin; cp .device/bin/on-device.sh /tmp/stash/bin/; fi
@@ -24,8 +27,9 @@ stash_start() {  # dir timeout-s name script args...: `script dir --launcher dir
   stash_runner
   # the orchestrator runs in the staged environment, once it is compiled; its commands each go
   # through $RUNNER too
-  RUNNER=$RUNNER STASH_COMPILE=$STASH_COMPILE setsid bash -c "bash $RUNNER run python3 -c \"\$STASH_COMPILE\" \
-    > /dev/null 2>&1; cd $dir/code && timeout $limit bash $RUNNER run \
+  export -f stash_compile
+  RUNNER=$RUNNER STASH_COMPILE=$STASH_COMPILE setsid bash -c "stash_compile; \
+    cd $dir/code && timeout $limit bash $RUNNER run \
     python3 $script $dir/work --launcher $dir/launch_vllm.py $*; \
     echo \$? > $dir/done" > "$dir/$name.log" 2>&1 < /dev/null &
   sleep 2; echo "$name started (pid $!)"

@@ -80,7 +80,7 @@ case "${1:-}" in
     ;;
   all)
     say "phases: $PHASES"
-    t0=$SECONDS; "$PY" -c "$STASH_COMPILE" > /dev/null 2>&1  # vLLM's and torch's folders
+    t0=$SECONDS; stash_compile "$PY"  # vLLM's and torch's folders
     say "compiled in $((SECONDS - t0)) s"
     for phase in $PHASES; do run_phase "$phase"; done
     say "proofs: finished"; touch "$V2/done"
