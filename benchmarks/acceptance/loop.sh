@@ -175,9 +175,11 @@ phase_train() {
 latest() { find "$1" -name config.json -printf '%T@ %h\n' 2>/dev/null | sort -n | tail -1 | cut -d' ' -f2; }
 
 accept() {  # NAME [VAR=VALUE...] COMMAND...: runs it with the result file as its last argument
+  # (and, with $SHARE set, that share of the GPU's memory before it)
   local name=$1; shift
   say "accept $name"
-  timeout 420 env "$@" "$ACC/results/accept-$name.json" > "$ACC/logs/accept-$name.log" 2>&1
+  timeout 420 env "$@" ${SHARE:+--gpu-memory-utilization $SHARE} "$ACC/results/accept-$name.json" \
+    > "$ACC/logs/accept-$name.log" 2>&1
   accepted "$name" $?
 }
 
@@ -189,13 +191,13 @@ accepted() {  # NAME RC: logs the exit; on failure keeps the engine core's own e
   return "$2"
 }
 
-accept_cli() {  # NAME DRAFTER [SHARE]: served through the user's command, `speculators-hybrid
-  # accept`, alone (0.3 of the GPU's memory) or beside other engines (SHARE: 0.1)
+accept_cli() {  # NAME DRAFTER: served through the user's command, `speculators-hybrid accept`,
+  # with $SHARE of the GPU's memory (0.3 alone)
   local name=$1 out="$ACC/cli-$1"
   say "accept $name (speculators-hybrid accept --no-baseline)"
   rm -rf "$out"
   timeout 420 bash $RUNNER run python3 -m speculators_hybrid.cli accept "$ACC/target" \
-    "$ACC/target/heldout.jsonl" --drafter "$2" --no-baseline --k 3 --gpu-memory-utilization "${3:-0.3}" \
+    "$ACC/target/heldout.jsonl" --drafter "$2" --no-baseline --k 3 --gpu-memory-utilization "${SHARE:-0.3}" \
     ${ACCEPT_ARGS---eager} --out "$out" > "$ACC/logs/accept-$name.log" 2>&1
   local rc=$?
   cat "$out/drafter.log" >> "$ACC/logs/accept-$name.log" 2> /dev/null
@@ -218,19 +220,18 @@ phase_accept() {
   # and DFlash alone; PARALLEL=all: every engine at once (acceptance only; GRAPHS=1 then times
   # target and EAGLE-3 alone); 0: one at a time. results/parallel.txt names those served at once.
   local side=() pids=()  # wait for these only, never a bare `wait`
-  serve() {  # [--beside] NAME ARGS...
+  serve() {  # [--beside] NAME ARGS...: through accept (an engine), or $HOW (accept_cli)
+    local how=${HOW:-accept}
     if [ "$1" = --beside ]; then
-      shift; side+=("$1"); local name=$1; shift
-      accept "$name" "$@" --gpu-memory-utilization 0.1 & pids+=($!)
-    else accept "$@"; fi
+      shift; side+=("$1"); SHARE=0.1 "$how" "$@" & pids+=($!)
+    else "$how" "$@"; fi
   }
   local lead="" rest="--beside"
   [ "$PARALLEL" = all ] && lead="--beside"; [ "$PARALLEL" = 0 ] && rest=""
   [ -f "$ACC/results/accept-target.json" ] || serve $lead target $a $args
   [ -n "$eagle" ] && serve $lead eagle3 $a --drafter "$eagle" --method eagle3 --k 3 $args
   # DFlash through the user's command, its method from its config
-  if [ -n "$dflash" ] && [ -z "$lead" ]; then accept_cli dflash "$dflash"
-  elif [ -n "$dflash" ]; then side+=(dflash); accept_cli dflash "$dflash" 0.1 & pids+=($!); fi
+  [ -n "$dflash" ] && HOW=accept_cli serve $lead dflash "$dflash"
   [ -n "$dfull" ] && serve $rest dflash-full $a --drafter "$dfull" --method dflash --k 3 $args
   # the same DFlash with its blocks non-causal, as vLLM < 0.26 serves it without the plugin's patch
   [ -n "$dflash" ] && serve $rest dflash-noncausal SPECULATORS_HYBRID_DISABLED_PATCHES=dflash-causal-draft-blocks \
