@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.stage_torch import DEVICE_WHEELS  # noqa: E402
+from benchmarks.stage_torch import DEVICE_WHEELS, INDEX, pip  # noqa: E402
 
 LIMIT = 64 << 20  # what one call carries, the working tree included
 MARGIN = 1 << 20  # files the tree gains between staging and the call
@@ -136,8 +136,8 @@ def lines(calls: list[Call], job: str) -> list[str]:
 def download(requirements: Path, folder: Path) -> None:
     names = [x for x in requirements.read_text().splitlines() if x.strip() and x[0] != "#"]
     folder.mkdir(parents=True, exist_ok=True)
-    pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *DEVICE_WHEELS]
-    subprocess.run([*pip, "-d", str(folder), *names], check=True)
+    cmd = pip("download", "-q", "--no-deps", *DEVICE_WHEELS, "--index-url", INDEX)
+    subprocess.run([*cmd, "-d", str(folder), *names], check=True)
 
 
 def main(argv: list[str] | None = None) -> int:
