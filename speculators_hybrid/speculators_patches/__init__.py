@@ -16,6 +16,7 @@ import sys
 from speculators_hybrid.registry import Patch, Patcher
 from speculators_hybrid.speculators_patches import (
     draft_config_norm_eps,
+    mtp_final_norm,
     verifier_logit_scale,
     verifier_norm,
 )
@@ -27,6 +28,7 @@ PATCHES: tuple[Patch, ...] = (
     verifier_norm.DFLASH,
     verifier_logit_scale.PATCH,
     draft_config_norm_eps.PATCH,
+    mtp_final_norm.PATCH,
 )
 
 PATCHER = Patcher(version_of=installed)

@@ -144,6 +144,7 @@ def test_patches_are_documented_and_fingerprinted():
                 "verifier-norm-dflash",
                 "verifier-logit-scale",
                 "draft-config-norm-eps",
+                "mtp-final-norm",
             },
         ),
     ],
