@@ -259,3 +259,54 @@ def write_family(root: Path, model_type: str, seed: int = 0) -> tuple[str, tf.Pr
     path = root / model_type
     model.save_pretrained(path)
     return str(path), model
+
+
+# speculators' converter maps these checkpoint names to its own (convert/mtp/converter.py)
+TO_CHECKPOINT = (
+    ("mtp_layers.0.input_proj.weight", "mtp.fc.weight"),
+    ("mtp_layers.0.final_layernorm.", "mtp.norm."),
+    ("mtp_layers.0.hidden_layernorm.", "mtp.pre_fc_norm_hidden."),
+    ("mtp_layers.0.token_layernorm.", "mtp.pre_fc_norm_embedding."),
+    ("mtp_layers.0.", "mtp.layers.0."),
+)
+
+
+def checkpoint_name(key: str) -> str:
+    for ours, theirs in TO_CHECKPOINT:
+        if key.startswith(ours):
+            return theirs + key[len(ours) :]
+    raise AssertionError(key)
+
+
+def write_mtp_verifier(root: Path, model_type: str) -> tuple[str, torch.Tensor]:
+    """A verifier with a native MTP head (random `mtp.*` weights, its norms zero-centred like a
+    trained model's), embeddings, lm_head and final norm; and the final norm's weight."""
+    from speculators.models.mtp.model_definitions import mtp_model_classes
+
+    config = {"qwen3_5_text": tf.Qwen3_5TextConfig, "qwen3": tf.Qwen3Config}[model_type](
+        **text_kwargs(), mtp_num_hidden_layers=1
+    )
+    path = root / model_type
+    config.save_pretrained(path)
+    torch.manual_seed(0)
+    layer = mtp_model_classes[model_type].first_layer_class(config, layer_idx=0)
+    weights = {checkpoint_name(f"mtp_layers.0.{k}"): v for k, v in layer.state_dict().items()}
+    for key, value in weights.items():
+        if "norm" in key:  # zero-centred gains that differ by channel, as a trained model's
+            weights[key] = torch.randn_like(value) * 0.3
+    gen = torch.Generator().manual_seed(1)
+    norm = torch.randn(HIDDEN, generator=gen) * 0.3
+    weights["model.embed_tokens.weight"] = torch.randn(VOCAB, HIDDEN, generator=gen)
+    weights["lm_head.weight"] = torch.randn(VOCAB, HIDDEN, generator=gen)
+    weights["model.norm.weight"] = norm
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(path / "model.safetensors"))
+    return str(path), norm
+
+
+def build_mtp(path: str):
+    """speculators' MTP drafter for `path`, through its own training path (`from_training_args`
+    converts the checkpoint's native head and loads the verifier's weights)."""
+    from speculators.models.mtp.core import MTPDraftModel
+
+    config = tf.AutoConfig.from_pretrained(path)
+    return MTPDraftModel.from_training_args(config, verifier_name_or_path=path).eval()

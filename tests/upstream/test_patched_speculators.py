@@ -10,6 +10,9 @@
 4. From 0.8.0 (the wheel's draft-config builder): the same copy builds the default draft config
    of tiny Nemotron-H and LFM2 models with each model's own final-norm eps and activation silu;
    the other families keep their `rms_norm_eps`.
+5. From 0.8.0 (MTP): the same copy's MTP drafter for a tiny Qwen3.5 verifier with a native head
+   computes, on the state before the final norm (the files' last id), bit for bit what the same
+   head computes on the final norm's output (what vLLM serves it); a qwen3 verifier's is as before.
 """
 
 from __future__ import annotations
@@ -24,6 +27,19 @@ from patched_release import REPO, check_failures, patched, release
 VERSION = release("speculators")
 
 pytestmark = pytest.mark.skipif(VERSION is None, reason="needs an installed speculators release")
+
+
+def probe(tmp_path, code: str, *args: str) -> list[str]:
+    """`code` run on a patched copy of the installed release (shim off): its output lines."""
+    copy, env = patched("speculators", tmp_path / "src", REPO / "tests" / "speculators")
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stdout.splitlines()
+    assert f"FROM {copy / '__init__.py'}" in lines
+    return lines
+
 
 PROBE = """
 import sys, tempfile
@@ -52,17 +68,7 @@ def test_every_diff_applies_to_the_installed_release():
 
 def test_patched_source_gives_the_verifiers_own_norm(tmp_path):
     assert VERSION is not None
-    copy, env = patched("speculators", tmp_path / "src", REPO / "tests" / "speculators")
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, VERSION],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    lines = done.stdout.splitlines()
-    assert f"FROM {copy / '__init__.py'}" in lines
+    lines = probe(tmp_path, PROBE, VERSION)
     norms = [line.split()[1:] for line in lines if line.startswith("NORM ")]
     assert len(norms) == 7 * (2 if Version(VERSION) >= Version("0.6.0") else 1)
     assert [n for n in norms if n[2] != "same"] == []
@@ -105,17 +111,7 @@ for algorithm in algorithms:
 
 def test_patched_source_gives_the_verifiers_own_logits(tmp_path):
     assert VERSION is not None
-    copy, env = patched("speculators", tmp_path / "src", REPO / "tests" / "speculators")
-    done = subprocess.run(
-        [sys.executable, "-c", LOGIT_PROBE, VERSION],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    lines = done.stdout.splitlines()
-    assert f"FROM {copy / '__init__.py'}" in lines
+    lines = probe(tmp_path, LOGIT_PROBE, VERSION)
     found = [line.split()[1:] for line in lines if line.startswith("LOGITS ")]
     assert len(found) == (6 if Version(VERSION) >= Version("0.6.0") else 2)
     assert [n for n in found if n[2] != "same"] == []
@@ -146,19 +142,42 @@ for model_type in HYBRID:
 )
 def test_patched_source_builds_the_draft_config_with_the_verifiers_eps(tmp_path):
     assert VERSION is not None
-    copy, env = patched("speculators", tmp_path / "src", REPO / "tests" / "speculators")
-    done = subprocess.run(
-        [sys.executable, "-c", DRAFT_PROBE],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    lines = done.stdout.splitlines()
-    assert f"FROM {copy / '__init__.py'}" in lines
+    lines = probe(tmp_path, DRAFT_PROBE)
     found = [line.split()[1:] for line in lines if line.startswith("DRAFT ")]
     (families,) = [int(line.split()[1]) for line in lines if line.startswith("FAMILIES ")]
     assert len(found) == 2 * families >= 14  # every family, with and without an activation
     assert {"nemotron_h", "lfm2", "lfm2_moe"} <= {n[0] for n in found}
     assert [n for n in found if n[2] != "same"] == []
+
+
+MTP_PROBE = """
+import tempfile, warnings
+from pathlib import Path
+import torch
+import speculators
+from tiny_models import build_mtp, transformers_norm, write_mtp_verifier
+print("FROM", speculators.__file__)
+root = Path(tempfile.mkdtemp(dir=".")).resolve()  # under the test's tmp_path
+warnings.simplefilter("ignore")
+path, weight = write_mtp_verifier(root, "qwen3_5_text")
+model = build_mtp(path)
+gen = torch.Generator().manual_seed(2)
+ids, x = torch.randint(0, 128, (1, 12), generator=gen), torch.randn(1, 12, 64, generator=gen) * 3
+with torch.no_grad():
+    got = model(input_ids=ids, hidden_states=x)[0]
+    loaded = torch.equal(model.verifier_norm.weight, weight)
+    del model.verifier_norm  # the same head without the norm, on what vLLM serves it
+    wanted = model(input_ids=ids, hidden_states=transformers_norm("qwen3_5_text", weight)(x))[0]
+print("MTP qwen3_5_text", "same" if loaded and all(map(torch.equal, got, wanted)) else "DIFFERENT")
+plain = not hasattr(build_mtp(write_mtp_verifier(root, "qwen3")[0]), "verifier_norm")
+print("MTP qwen3", "same" if plain else "DIFFERENT")
+"""
+
+
+@pytest.mark.skipif(
+    VERSION is None or Version(VERSION) < Version("0.8.0"), reason="MTP from speculators 0.8.0"
+)
+def test_patched_source_trains_the_mtp_head_on_what_vllm_serves(tmp_path):
+    lines = probe(tmp_path, MTP_PROBE)
+    found = [line.split()[1:] for line in lines if line.startswith("MTP ")]
+    assert found == [["qwen3_5_text", "same"], ["qwen3", "same"]]
