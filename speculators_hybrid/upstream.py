@@ -324,8 +324,12 @@ def _installed_release(root: Path, project: str) -> tuple[str | None, str]:
     known = releases(root, project)
     return None, (
         f"{project} {version}: installed; patches/ has no diffs for this release"
-        + (f" (it has {known[0]} to {known[-1]})" if known else "")
+        + (f" (it has {_span(known)})" if known else "")
     )
+
+
+def _span(known: list[str]) -> str:
+    return f"{known[0]} to {known[-1]}" if known else "none"
 
 
 def _size(n: int) -> str:
@@ -367,14 +371,22 @@ def _check_cli(args: argparse.Namespace) -> int:
     todo: list[tuple[str, str]] = []
     skipped = []
     for project in projects:
-        if args.version or args.all:
-            todo += [(project, v) for v in args.version or releases(root, project)]
+        if args.all:
+            todo += [(project, v) for v in releases(root, project)]
+            continue
+        if args.version:  # a release of another project is not asked for: left out
+            todo += [(project, v) for v in args.version if diffs(root, project, v)]
             continue
         version, why = _installed_release(root, project)
         if version is None:
             skipped.append(why)
         else:
             todo.append((project, version))
+    unknown = [v for v in args.version or () if all(v != w for _, w in todo)]
+    if unknown:
+        have = "; ".join(f"{p} {_span(releases(root, p))}" for p in projects)
+        print(f"check: patches/ has no diffs for {', '.join(unknown)} ({have})", file=sys.stderr)
+        return 2
     if not (args.version or args.all):
         others = "--version V checks another release, --all every one (downloads their wheels)"
         if not todo:

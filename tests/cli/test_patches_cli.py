@@ -81,3 +81,15 @@ def test_a_bare_patches_check_checks_the_installed_release_and_downloads_nothing
     vllm = [line for line in lines if line.startswith(f"vllm {installed('vllm')} (installed ")]
     assert len(vllm) == 1 and "FAIL" not in done.stdout and "downloading" not in done.stdout
     assert list(tmp_path.iterdir()) == []  # no ~/.cache/speculators-hybrid
+
+
+def test_patches_check_of_one_release_checks_the_project_that_has_it(tmp_path):
+    env = {**as_a_user(), "HOME": str(tmp_path)}
+    cli = [sys.executable, "-m", "speculators_hybrid.cli", "patches", "check", "--version"]
+    done = subprocess.run([*cli, installed("vllm")], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr  # speculators has no such release
+    assert "speculators" not in done.stdout and "downloading" not in done.stdout
+    bad = subprocess.run([*cli, "notaversion"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("check: patches/ has no diffs for notaversion (vllm 0.20.0 to ")
+    assert len(bad.stderr.splitlines()) == 1

@@ -122,8 +122,10 @@ def test_cli_check_exit_status(tmp_path, release, capsys):
     root = tmp_path / "patches"
     _fixed(root, release, tmp_path)
     args = ["patches", "check", "--root", str(root), "--project", "vllm", "--version", "1.0"]
-    assert main(args) == 1  # no vLLM 1.0 diffs there
-    assert "vllm 1.0: no diffs" in capsys.readouterr().out
+    assert main(args) == 2  # no vLLM 1.0 diffs there
+    assert capsys.readouterr().err == "check: patches/ has no diffs for 1.0 (vllm none)\n"
+    assert main([*args[:4], "--version", "1.0"]) == 2  # nor speculators 1.0
+    assert capsys.readouterr().err.endswith("for 1.0 (vllm none; speculators none)\n")
     assert main([*args[:-4], "--source", str(release)]) == 2  # --source needs one release
 
 
