@@ -331,6 +331,8 @@ def run(
             from vllm.plugins import load_general_plugins
 
             load_general_plugins()  # stdout is for the report: vLLM's prints go to stderr
+            from speculators_hybrid.launcher.model_type import unknown_model_type
+
             problem = unknown_model_type(target.config)
             if problem:
                 print(f"speculators-hybrid doctor: error: {problem}", file=sys.stderr)
@@ -350,33 +352,6 @@ def config_folder(model: str) -> str:
     if os.path.basename(path) == "config.json" and os.path.isfile(path):
         return os.path.dirname(path) or "."
     return model
-
-
-def unknown_model_type(config: dict[str, Any]) -> str | None:
-    """Why neither transformers nor vLLM's own config classes read this config's model_type
-    (None: one of them does); vLLM would fail on it inside each plan. After vLLM's import:
-    transformers alone takes seconds to import."""
-    model_type = config.get("model_type")
-    from transformers import CONFIG_MAPPING
-    from transformers import __version__ as transformers_version
-
-    from speculators_hybrid.versions import installed
-
-    if model_type in CONFIG_MAPPING:
-        return None
-    try:
-        from vllm.transformers_utils.config import _CONFIG_REGISTRY as vllm_configs
-    except ImportError:  # another vLLM layout: let vLLM's own error speak
-        return None
-    if model_type in vllm_configs:
-        return None
-    if not isinstance(model_type, str):
-        return "config.json has no model_type: transformers and vLLM read a config by it"
-    return (
-        f"model_type {model_type!r} is known to neither transformers {transformers_version} nor "
-        f"vLLM {installed('vllm')}: check config.json's model_type, or install a transformers "
-        "release that has it"
-    )
 
 
 def untested(vllm: str | None) -> str:

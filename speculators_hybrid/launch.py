@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from speculators_hybrid import switches
 from speculators_hybrid.launcher import LaunchError, adjust, builtin, intercept, target
 from speculators_hybrid.launcher.command import Command
+from speculators_hybrid.launcher.model_type import refuse_unknown
 from speculators_hybrid.plugin import unknown_disabled
 from speculators_hybrid.versions import installed
 from speculators_hybrid.vllm_patches.writer import writer_threads
@@ -114,6 +115,7 @@ def plan(argv: list[str]) -> tuple[Command, bool]:
     if launcher is not None:
         if rest and not rest[0].startswith("-"):  # MODEL, first as the launchers take it: a
             target.config_path(rest[0])  # missing path or uncached hub id, before the hub tries
+            _known(target.load(rest[0]))  # before the launcher's transformers says it its way
         cmd = intercept.capture(launcher, rest, notes.append)
     else:
         cmd, args = builtin.build(rest)
@@ -122,6 +124,7 @@ def plan(argv: list[str]) -> tuple[Command, bool]:
         dry_run = dry_run or args.dry_run
         notes += [args.ids_note] if args.ids_note else []
     tgt = target.load(cmd.model())
+    _known(tgt)
     cmd = adjust.for_target(cmd, tgt, rest, installed("vllm"), log)
     for note in notes:
         log(note)
@@ -131,6 +134,12 @@ def plan(argv: list[str]) -> tuple[Command, bool]:
     if why:
         log(why)
     return cmd, dry_run
+
+
+def _known(tgt: target.Target) -> None:
+    problem = refuse_unknown(tgt.config)
+    if problem:
+        raise LaunchError(problem)
 
 
 def shell_line(cmd: Command, base: Mapping[str, str] | None = None) -> str:

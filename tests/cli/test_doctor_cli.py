@@ -19,6 +19,8 @@ import pytest
 from speculators_hybrid.families import BY_TYPE
 from speculators_hybrid.versions import installed
 
+MAIN_LAUNCHER = Path(__file__).resolve().parents[1] / "launchers" / "launch_vllm_main.py"
+
 pytest.importorskip("vllm")
 
 LLAMA = {
@@ -161,6 +163,25 @@ def test_a_config_file_stands_for_its_folder_and_an_unknown_model_type_is_one_li
         "speculators-hybrid doctor: error: model_type 'no_such_family' is known to neither "
         "transformers "
     ), line
+
+
+@pytest.mark.parametrize("launcher", ["built-in", "speculators'"])
+def test_launch_refuses_an_unknown_model_type_as_doctor_does(tmp_path, launcher):
+    unknown = config(tmp_path, "unknown", {**LLAMA, "model_type": "no_such_family"})
+    own = ["--launcher", str(MAIN_LAUNCHER)] if launcher != "built-in" else []
+    done = subprocess.run(
+        [sys.executable, "-m", "speculators_hybrid.cli", "launch", *own, unknown, "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=as_a_user(),
+    )
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-3000:]
+    assert done.stderr.splitlines() == [
+        "speculators-hybrid launch: error: model_type 'no_such_family' is known to neither "
+        f"transformers {installed('transformers')} nor vLLM {installed('vllm')}: check "
+        "config.json's model_type, or install a transformers release that has it"
+    ]
 
 
 def test_custom_ids_get_the_last_layer_as_launch_gives_it_and_state_bytes_are_unpadded(tmp_path):
