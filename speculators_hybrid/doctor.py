@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from unittest.mock import patch
 
-from speculators_hybrid import planning, support
+from speculators_hybrid import planning, support, switches
 from speculators_hybrid.cpu import quiet_vllm, vllm_error
 
 GIB = 1 << 30
@@ -321,6 +321,13 @@ def run(
         except LaunchError as exc:
             print(f"speculators-hybrid doctor: error: {exc}", file=sys.stderr)
             return 2
+        if switches.disabled():  # else the plugin's own set-up is left out of the patched plan
+            os.environ.pop(switches.DISABLE)
+            print(
+                f"speculators-hybrid doctor: {switches.DISABLE} is set: a vLLM started with it "
+                "runs stock (the first plan below); doctor plans with the patches regardless",
+                file=sys.stderr,
+            )
         quiet_vllm(verbose)
         with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
             if not verbose:  # vLLM's and transformers' deprecation notes

@@ -66,9 +66,12 @@ def as_a_user() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
-def doctor(*args: str, tmp: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """`speculators-hybrid doctor ARGS` as a user runs it; `tmp`: its temporary folder."""
-    env = as_a_user() | ({"TMPDIR": str(tmp)} if tmp else {})
+def doctor(
+    *args: str, tmp: Path | None = None, **variables: str
+) -> subprocess.CompletedProcess[str]:
+    """`speculators-hybrid doctor ARGS` as a user runs it; `tmp`: its temporary folder;
+    `variables`: more environment."""
+    env = as_a_user() | ({"TMPDIR": str(tmp)} if tmp else {}) | variables
     return subprocess.run(
         [sys.executable, "-m", "speculators_hybrid.cli", "doctor", *args],
         capture_output=True,
@@ -208,6 +211,11 @@ def test_custom_ids_get_the_last_layer_as_launch_gives_it_and_state_bytes_are_un
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout)["setup"]["layer_ids"] == [2, 32, 61]
     assert "the last layer" not in done.stderr
+
+    # the plugin switched off for vLLM: doctor still plans both, the same, and says so
+    off = doctor("--demo", "--json", "--ids", "61", "2", "32", SPECULATORS_HYBRID_DISABLE="1")
+    assert off.returncode == 0 and json.loads(off.stdout) == out, off.stderr[-3000:]
+    assert "SPECULATORS_HYBRID_DISABLE is set: a vLLM started with it runs stock" in off.stderr
 
 
 def test_a_disabled_hma_patch_is_named_not_a_flag_never_passed(tmp_path):
