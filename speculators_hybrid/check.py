@@ -55,7 +55,7 @@ from speculators_hybrid.hidden_files import (
 CHUNK_BYTES = 4 << 20  # rows scanned at a time: small enough to stay in the CPU's cache
 FLOAT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 EXAMPLES = 5  # token indices quoted per problem
-INSTALL_CHECK = "pip install 'speculators-hybrid[check]' (numpy, datasets)"
+INSTALL_CHECK = "pip install './speculators-hybrid[check]' (the clone's folder; numpy, datasets)"
 BF16_MAX = 3.3895313892515355e38  # the trainer's reader scales fp8 values back in bfloat16
 
 

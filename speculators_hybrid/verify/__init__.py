@@ -22,5 +22,6 @@ trainer reads them (values x scales, in bf16), and their floor is that low-preci
 stored as fp8 and read back the same way: quantisation measured on the file's own tokens. Each
 file's line and JSON say which backend's format it is in (`file` or `fp8`).
 Exit status: 0 every verified file passes, 1 some failed (each is named with why), 2 bad input.
-Needs `pip install 'speculators-hybrid[verify]'`; `--device cuda` for a 27B-class model.
+Needs `pip install './speculators-hybrid[verify]'` (the clone's folder); `--device cuda` for a
+27B-class model.
 """

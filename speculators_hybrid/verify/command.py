@@ -14,7 +14,10 @@ from typing import IO, Any
 from speculators_hybrid.verify import __doc__ as DOC
 
 DEFAULT_SAMPLE = 32
-INSTALL = "pip install 'speculators-hybrid[verify]' (torch, transformers >= 5.6, tqdm)"
+INSTALL = (
+    "pip install './speculators-hybrid[verify]' (the clone's folder; torch, transformers >= 5.6, "
+    "tqdm)"
+)
 
 
 class BadInput(Exception):

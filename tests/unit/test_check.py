@@ -374,7 +374,7 @@ def test_cli_dataset_errors_are_usage_errors(tmp_path):
     except ImportError:
         done = cli(str(tmp_path), "--dataset", str(tmp_path))
         assert done.returncode == 2
-        assert "needs the `datasets` package: pip install 'speculators-hybrid[check]'" in (
+        assert "needs the `datasets` package: pip install './speculators-hybrid[check]'" in (
             done.stderr
         )
 

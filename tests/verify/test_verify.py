@@ -232,8 +232,8 @@ def test_missing_transformers_names_the_install(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
-        "verify: needs transformers: pip install 'speculators-hybrid[verify]' "
-        "(torch, transformers >= 5.6, tqdm)\n"
+        "verify: needs transformers: pip install './speculators-hybrid[verify]' "
+        "(the clone's folder; torch, transformers >= 5.6, tqdm)\n"
     )
 
 
