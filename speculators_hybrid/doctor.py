@@ -154,7 +154,7 @@ def preflight(target: Any, ids: tuple[int, ...] | None, tp: int) -> tuple[int, .
     from speculators_hybrid.versions import installed
 
     ids = ids or tuple(speculators_default(target.num_layers))
-    check_layer_ids(list(ids), target)
+    check_layer_ids(list(ids), target, "--ids")
     message = tp_error(target, tp)
     if message is not None:
         raise LaunchError(message)
@@ -540,6 +540,14 @@ def _cli(args: argparse.Namespace) -> int:
     )
 
 
+def _layer_id(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        hint = " (MODEL goes before --ids)" if os.path.sep in text or os.path.isdir(text) else ""
+        raise argparse.ArgumentTypeError(f"{text!r} is not a layer id{hint}") from None
+
+
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
     """Register `doctor` on the `speculators-hybrid` subcommands."""
     doc = subparsers.add_parser(
@@ -558,7 +566,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     doc.add_argument(
         "--ids",
-        type=int,
+        type=_layer_id,
         nargs="+",
         metavar="ID",
         help="target layer ids (default: speculators' [2, n//2, n-3, n]); n, the last layer, "

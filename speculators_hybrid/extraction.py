@@ -35,8 +35,11 @@ def suggested_ids(n: int) -> list[int]:
     return sorted({i for i in (1, n // 2, n - 1, n) if 0 <= i <= n})
 
 
-def layer_ids_error(ids: Sequence[Any], n: int, model: str, from_text_config: bool) -> str | None:
-    """The error for ids that do not fit a model of n decoder layers, or None if they fit."""
+def layer_ids_error(
+    ids: Sequence[Any], n: int, model: str, from_text_config: bool, flag: str | None = None
+) -> str | None:
+    """The error for ids that do not fit a model of n decoder layers, or None if they fit;
+    `flag`: the option that takes them (default: the launcher's, or vLLM's field)."""
     problems = id_problems(ids, n)
     if not problems:
         return None
@@ -55,8 +58,12 @@ def layer_ids_error(ids: Sequence[Any], n: int, model: str, from_text_config: bo
         f"layer ids {list(ids)} do not fit {model} (n = {n} decoder layers{source}): "
         f"{'; '.join(problems)}. Ids must be distinct and within [0, {n}] (0 = the embeddings, "
         f"i = the output of decoder layer i, {n} = the last, before the final norm).{note} "
-        f"Pass distinct ids, e.g. {hint}: --target-layer-ids {' '.join(map(str, hint))} with "
-        f"speculators' launcher, or {IDS_FIELD} with `vllm serve`."
+        + (
+            f"Pass distinct ids, e.g. {flag} {' '.join(map(str, hint))}."
+            if flag
+            else f"Pass distinct ids, e.g. {hint}: --target-layer-ids {' '.join(map(str, hint))} "
+            f"with speculators' launcher, or {IDS_FIELD} with `vllm serve`."
+        )
     )
 
 

@@ -45,9 +45,11 @@ KV_FLAGS = ("--kv_transfer_config", "--kv-transfer-config")
 Log = Callable[[str], None]
 
 
-def check_layer_ids(ids: Sequence[Any], target: Target) -> None:
-    """The same check and message as the vLLM-side patch (vllm_patches/extraction_input.py)."""
-    message = layer_ids_error(ids, target.num_layers, target.model, "text_config" in target.config)
+def check_layer_ids(ids: Sequence[Any], target: Target, flag: str | None = None) -> None:
+    """The same check and message as the vLLM-side patch (vllm_patches/extraction_input.py);
+    `flag`: the option the message names (default: the launcher's)."""
+    in_text = "text_config" in target.config
+    message = layer_ids_error(ids, target.num_layers, target.model, in_text, flag)
     if message is not None:
         raise LaunchError(message)
 

@@ -185,6 +185,12 @@ def test_ids_that_do_not_fit_are_answered_with_speculators_default_where_it_fits
     )
     done, _ = cli("launch", str(configs["hybrid-4"]))  # the default does not fit 4 layers
     assert "e.g. [1, 2, 3, 4]" in one_line_error(done, "launch")
+    done, _ = cli("doctor", str(configs["hybrid-text"]), "--ids", "1", "9")  # its own option
+    line = one_line_error(done, "doctor")
+    assert line.endswith("Pass distinct ids, e.g. --ids 2 4 5 8.") and "--target-layer" not in line
+    done, _ = cli("doctor", "--ids", "2", str(configs["hybrid-text"]))  # MODEL after the ids
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].endswith("is not a layer id (MODEL goes before --ids)")
 
 
 @pytest.mark.parametrize(
