@@ -170,9 +170,29 @@ def preflight(target: Any, ids: tuple[int, ...] | None, tp: int) -> tuple[int, .
     return ids
 
 
-def warnings_for(setup: planning.Setup, plans: dict[str, Plan]) -> list[str]:
+def wide_hidden_applies(shim: Plan) -> bool:
+    """vllm_patches/wide_hidden.py would widen the hidden states for this plan (its releases,
+    caching off, not switched off)."""
+    from speculators_hybrid.versions import installed
+    from speculators_hybrid.vllm_patches.wide_hidden import PATCH
+
+    wanted = not shim.prefix_caching and not switches.off(switches.WIDE_HIDDEN)
+    return wanted and PATCH.needed_for(installed("vllm"))
+
+
+def warnings_for(setup: planning.Setup, plans: dict[str, Plan], hidden: int = 0) -> list[str]:
     out = []
     shim = plans["shim"]
+    width = max((g.layers for g in plans["no-extraction"].groups), default=1)
+    split = shim.ok and width > 1 and all(g.layers == 1 for g in shim.groups)
+    if split and hidden % width and wide_hidden_applies(shim):  # it needs h / W whole
+        groups = sum(g.count for g in shim.groups)
+        wide = sum(g.count for g in plans["no-extraction"].groups) + 1
+        out.append(
+            f"hidden size {hidden:,} is not divisible by the KV-cache group width {width}: the "
+            f"hidden states keep one layer and the plan has {groups} one-layer groups instead "
+            f"of {wide} (the same files; more scheduler work per step)."
+        )
     if setup.prefix_caching and shim.ok and not shim.prefix_caching:
         out.append("prefix caching was asked for and is turned off for hybrid extraction here.")
     if shim.align_note:
@@ -235,6 +255,7 @@ def report(
     base = plans["no-extraction"].request_bytes
     target = base + bytes_.hidden_bytes_per_token * (setup.max_model_len or 0) if base else 0
     spare = plans["shim"].ok and keeps_spare_state_blocks(specs)
+    hidden = plain_config.model_config.get_hidden_size() if plain_config is not None else 0
     return {
         "schema": SCHEMA,
         "speculators_hybrid_version": __version__,
@@ -250,7 +271,7 @@ def report(
         },
         "plans": [asdict(plans[k]) for k in PLANS],
         "prefill_only": prefill_only_plan(setup, memory, target) if spare else None,
-        "warnings": warnings_for(setup, plans),
+        "warnings": warnings_for(setup, plans, hidden),
     }
 
 

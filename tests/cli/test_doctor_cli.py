@@ -238,3 +238,42 @@ def test_a_disabled_hma_patch_is_named_not_a_flag_never_passed(tmp_path):
         f"the manager off for the connector: take {PATCH.id} out of "
         "SPECULATORS_HYBRID_DISABLED_PATCHES"
     ) in done.stdout
+
+
+def test_hidden_states_left_in_one_layer_groups_are_a_warning(tmp_path):
+    """24 layers (18 Gated DeltaNet, 6 attention) group 6 wide; 2,048 is not a multiple of 6."""
+    from speculators_hybrid.vllm_patches.wide_hidden import PATCH
+
+    body = {
+        "model_type": "qwen3_5_text",
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "vocab_size": 151936,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "bfloat16",
+    }
+    body["layer_types"] = body["layer_types"] * 6
+    done = doctor(config(tmp_path, "qwen35-24", body), "--max-model-len", "8192", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)["warnings"]
+    said = [w for w in found if w.startswith("hidden size 2,048 is not divisible")]
+    if PATCH.needed_for(installed("vllm")):  # the wide group's releases (caching off)
+        assert said == [
+            "hidden size 2,048 is not divisible by the KV-cache group width 6: the hidden states "
+            "keep one layer and the plan has 25 one-layer groups instead of 5 (the same files; "
+            "more scheduler work per step)."
+        ], found
+    else:
+        assert said == [], found
