@@ -440,6 +440,9 @@ def _unpack_cli(args: argparse.Namespace) -> int:
 
 
 def _export_cli(args: argparse.Namespace) -> int:
+    if not Path(args.repo, ".git").exists():
+        why = "does not exist" if not Path(args.repo).exists() else "is not a git repository"
+        return _failed("export", ValueError(f"{args.repo} {why}: give the folder `unpack` made"))
     try:
         written = export(Path(args.root).resolve(), args.project, args.version, Path(args.repo))
     except (OSError, ValueError, subprocess.CalledProcessError) as exc:

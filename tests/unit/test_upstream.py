@@ -151,8 +151,11 @@ def test_cli_unpack_and_export_say_what_went_wrong_in_one_line(tmp_path, capsys)
     (tmp_path / "plain").mkdir()  # not a repository made by unpack
     args = ["patches", "export", "--version", "9.9", "--root", str(tmp_path / "patches")]
     assert main([*args, str(tmp_path / "plain")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("export: git rev-list: ") and err.count("\n") == 1
+    said = "is not a git repository: give the folder `unpack` made\n"
+    assert capsys.readouterr().err == f"export: {tmp_path / 'plain'} {said}"
+    assert main([*args, str(tmp_path / "nowhere")]) == 2
+    said = "does not exist: give the folder `unpack` made\n"
+    assert capsys.readouterr().err == f"export: {tmp_path / 'nowhere'} {said}"
 
 
 def test_cli_unpack_that_fails_leaves_no_half_made_folder(tmp_path, capsys):
