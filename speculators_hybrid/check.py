@@ -565,7 +565,8 @@ def _check(args: argparse.Namespace) -> int:
                 "finished those files (or stopped before it did); wait for it, or see the "
                 "server's log"
             )
-        return usage_error("no .safetensors files found")
+        where = ", ".join(args.paths)
+        return usage_error(f"no .safetensors files in {where}: give the server's output folder")
     bar = progress(len(paths))
     reports: list[FileReport] = []
     failed = 0

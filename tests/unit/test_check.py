@@ -437,6 +437,15 @@ def test_cli_says_a_folder_of_lock_files_is_unfinished(tmp_path):
     )
 
 
+def test_cli_names_a_folder_with_no_files(tmp_path):
+    done = cli(str(tmp_path))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[0] == (
+        f"speculators-hybrid check: error: no .safetensors files in {tmp_path}: give the "
+        "server's output folder"
+    )
+
+
 def test_cli_checks_verify_with_before_reading_any_file(tmp_path):
     write(tmp_path / "hs_0.safetensors")
     start = time.monotonic()
