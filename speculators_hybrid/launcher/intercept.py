@@ -136,6 +136,10 @@ def capture(script: str, args: list[str], log: Callable[[str], None] | None = No
         raise LaunchError(f"cannot read launcher {script}: {exc.strerror or exc}") from exc
     if not path.is_file():
         raise LaunchError(f"launcher {script} is not a file")
+    if path.suffix != ".py":  # a config.json or a model file given by mistake is not run
+        raise LaunchError(
+            f"launcher {script} is not a Python script: give speculators' scripts/launch_vllm.py"
+        )
     out = io.StringIO()
     options: set[str] = set()
     try:

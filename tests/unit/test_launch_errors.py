@@ -39,6 +39,7 @@ CASES = {
     "hub id not cached": (["nobody/nothing"], "not a local directory"),
     "launcher missing": (["--launcher", "{tmp}/x.py", "{plain}"], "cannot read launcher"),
     "launcher is a dir": (["--launcher", "{tmp}", "{plain}"], "cannot read launcher"),
+    "launcher not .py": (["--launcher", "{plain}/config.json", "{plain}"], "not a Python script"),
     "launcher without path": (["--launcher"], "--launcher needs a PATH"),
     "never execs": (["--launcher", "{tmp}/never-execs.py", "{plain}"], "without exec'ing"),
     "launcher raises": (["--launcher", "{tmp}/raises.py", "{plain}"], "RuntimeError: boom"),
