@@ -342,6 +342,12 @@ def run(
         except LaunchError as exc:
             print(f"speculators-hybrid doctor: error: {exc}", file=sys.stderr)
             return 2
+        from speculators_hybrid.plugin import unknown_disabled
+
+        problem = unknown_disabled()  # as `launch` refuses it
+        if problem:
+            print(f"speculators-hybrid doctor: error: {problem}", file=sys.stderr)
+            return 2
         if switches.disabled():  # else the plugin's own set-up is left out of the patched plan
             os.environ.pop(switches.DISABLE)
             print(

@@ -218,6 +218,15 @@ def test_custom_ids_get_the_last_layer_as_launch_gives_it_and_state_bytes_are_un
     assert "SPECULATORS_HYBRID_DISABLE is set: a vLLM started with it runs stock" in off.stderr
 
 
+def test_a_patch_id_that_names_no_patch_is_refused_as_launch_refuses_it():
+    done = doctor("--demo", SPECULATORS_HYBRID_DISABLED_PATCHES="no-such-patch")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "speculators-hybrid doctor: error: SPECULATORS_HYBRID_DISABLED_PATCHES names no patch: "
+        "no-such-patch (`speculators-hybrid patches list` with it unset shows the ids)"
+    ]
+
+
 def test_a_disabled_hma_patch_is_named_not_a_flag_never_passed(tmp_path):
     from speculators_hybrid.vllm_patches.hma_config import PATCH
 
