@@ -234,7 +234,12 @@ def add_cli(sub: Any) -> None:
     parser.add_argument("--k", type=_positive, default=3, help="draft tokens a step (3)")
     parser.add_argument("--prompts", type=_positive, default=64, help="held-out prompts (64)")
     parser.add_argument("--max-tokens", type=_positive, default=128, help="tokens each (128)")
-    parser.add_argument("--serial", type=_positive, default=8, help="prompts run one at a time")
+    parser.add_argument(
+        "--serial",
+        type=_positive,
+        default=8,
+        help="of those prompts, how many run again one at a time for decode tokens/s (8)",
+    )
     parser.add_argument(
         "--max-model-len", type=_positive, default=2048, help="the engines' context (2048)"
     )
@@ -252,5 +257,7 @@ def add_cli(sub: Any) -> None:
     )
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--no-baseline", action="store_true", help="skip the target alone")
-    parser.add_argument("--out", default="accept-report", help="folder for the reports")
+    parser.add_argument(
+        "--out", default="accept-report", help="folder for the reports (accept-report)"
+    )
     parser.set_defaults(func=run)

@@ -55,7 +55,12 @@ def parser(registry: dict[str, Any]) -> argparse.ArgumentParser:
         help="run this speculators scripts/launch_vllm.py (any release) instead of the built-in "
         "one; write it in full, before MODEL or `--`",
     )
-    p.add_argument("--hidden-states-backend", choices=list(registry), default="file")
+    p.add_argument(
+        "--hidden-states-backend",
+        choices=list(registry),
+        default="file",
+        help="how hidden states reach the trainer (default file; README says which to use)",
+    )
     for backend in registry.values():
         backend.add_launch_args(p)
     p.add_argument("--target-layer-ids", type=int, nargs="+", help="default [2, n//2, n-3, n]")
