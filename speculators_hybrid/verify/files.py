@@ -44,7 +44,9 @@ class FileResult:
     def reasons(self) -> list[str]:
         found = [e["message"] for e in self.errors]
         for r in self.ids:
-            if not r.ok:
+            if not r.ok and r.similarity == -float("inf"):
+                found.append(f"id {r.layer_id}: token {r.token} is all zeros or not finite")
+            elif not r.ok:
                 found.append(
                     f"id {r.layer_id}: similarity {r.similarity:.5f} at token {r.token} < limit "
                     f"{r.limit:.5f} (floor {r.floor:.5f})"

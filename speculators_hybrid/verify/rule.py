@@ -41,7 +41,9 @@ def similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """s(a, b) along the last dim, in float32: [..., hidden] x2 -> [...]."""
     a, b = a.float(), b.float()
     denominator = 2 * a.norm(dim=-1) * b.norm(dim=-1)
-    return 1 - (a - b).pow(2).sum(dim=-1) / denominator.clamp_min(1e-30)
+    s = 1 - (a - b).pow(2).sum(dim=-1) / denominator.clamp_min(1e-30)
+    # a zero row against a non-zero one has no similarity: the worst, as a NaN row is
+    return torch.where((denominator == 0) & (s < 1), float("-inf"), s)
 
 
 def limit(floor: float, k: float = K, eps: float = EPS) -> float:
@@ -86,7 +88,8 @@ def compare(
     s_file = similarity(file.to(truth.device), truth)  # [tokens, ids]
     s_low = similarity(low, truth)
     s_floor = s_low if stored is None else similarity(stored, truth)
-    s_file = torch.nan_to_num(s_file, nan=-float("inf"))  # NaN rows count as the worst
+    lowest = -float("inf")  # NaN and zero rows count as the worst
+    s_file = torch.nan_to_num(s_file, nan=lowest, neginf=lowest)
     results = []
     for slot, layer_id in enumerate(layer_ids):
         worst = int(s_file[:, slot].argmin())

@@ -342,5 +342,17 @@ def test_nan_file_fails_and_json_stays_json(
         raise AssertionError(f"{name} in the JSON")
 
     doc = json.loads(out, parse_constant=refuse)
-    assert code == 1 and f"FAILED {path}: id 5: similarity -inf at token 3" in err
+    assert code == 1 and f"FAILED {path}: id 5: token 3 is all zeros or not finite" in err
     assert doc["summary"]["per_id"]["5"]["worst"] is None
+
+
+def test_a_zero_row_fails_without_a_made_up_similarity(
+    model_dir: Path, writer: Writer, tmp_path: Path
+) -> None:
+    prompt = tokens(12, 10)
+    states = writer.states(prompt, IDS).clone()
+    states[4, 1] = 0.0
+    path = write(tmp_path / "zero.safetensors", prompt, states)
+    code, out, _ = cli("verify", path, "--model", model_dir, "--device", "cpu")
+    assert code == 1 and f"FAILED {path}: id {IDS[1]}: token 4 is all zeros or not finite" in out
+    assert "e+" not in out and "-inf" not in out.split("per id")[0]  # no similarity of -3.6e29
