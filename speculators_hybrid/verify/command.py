@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 from collections import Counter
 from typing import IO, Any
@@ -72,6 +73,8 @@ def _device(name: str | None) -> str:
 
     if name is None:
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name != "cpu" and not re.fullmatch(r"cuda(:\d+)?", name):
+        raise BadInput(f"--device {name}: verify runs on cpu or cuda[:N]")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise BadInput(f"--device {name}: torch sees no CUDA device here; use --device cpu")
     if name == "cpu":

@@ -215,6 +215,8 @@ def test_bad_input_is_one_line(model_dir: Path, tmp_path: Path) -> None:
     (config_only / "config.json").write_text((model_dir / "config.json").read_text())
     code, _, err = cli("verify", good, "--model", config_only, "--device", "cpu")
     assert code == 2 and err.startswith("verify: cannot load") and err.count("\n") == 1, err
+    code, _, err = cli("verify", good, "--model", model_dir, "--device", "tpu")
+    assert code == 2 and err == "verify: --device tpu: verify runs on cpu or cuda[:N]\n", err
 
 
 def test_missing_transformers_names_the_install(tmp_path: Path) -> None:
