@@ -408,18 +408,24 @@ def verdict(out: dict[str, Any]) -> str:
     return note + plan_verdict(out)
 
 
+def fix_hint(error: str) -> str:
+    """What to pass doctor for a plan vLLM refused (its own advice names engine options)."""
+    if "KV cache memory" in error:  # one max-length request does not fit --memory
+        return " Pass a larger --memory (GiB of KV cache) or a smaller --max-model-len."
+    if "max_model_len" in error:
+        return " Pass --max-model-len N (at most what the model allows)."
+    return ""
+
+
 def plan_verdict(out: dict[str, Any]) -> str:
     plain, stock, shim = out["plans"]
     vllm, length = out["vllm_version"], out["setup"]["max_model_len"]
     if not plain["ok"]:
-        hint = (
-            " Pass --max-model-len N (at most what the model allows)."
-            if "max_model_len" in plain["error"]
-            else ""
-        )
+        hint = fix_hint(plain["error"])
         return f"vLLM {vllm} cannot plan this model even without extraction (above).{hint}"
     if not shim["ok"]:
-        return f"hidden-state extraction does not start on vLLM {vllm}, even with the patches."
+        said = f"hidden-state extraction does not start on vLLM {vllm}, even with the patches."
+        return said + fix_hint(shim["error"])
     ratio = out["ratio_to_target"]["shim"]
     on_stock = (
         "stock vLLM does not start"

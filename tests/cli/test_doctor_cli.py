@@ -152,6 +152,11 @@ def test_a_failed_plan_shows_vllms_error_in_one_line_and_what_to_do(tmp_path, ca
     assert "true bytes:" not in out and "connector ;" not in out
     assert out.rstrip().endswith("Pass --max-model-len N (at most what the model allows).")
 
+    # a --memory that one max-length request does not fit: doctor's option, not vLLM's advice
+    assert main(["doctor", model, "--max-model-len", "131072", "--memory", "0.25"]) == 1
+    out = capsys.readouterr().out.rstrip()
+    assert out.endswith("Pass a larger --memory (GiB of KV cache) or a smaller --max-model-len.")
+
 
 def test_a_config_file_stands_for_its_folder_and_an_unknown_model_type_is_one_line(tmp_path):
     done = doctor(str(Path(config(tmp_path, "llama", LLAMA)) / "config.json"), "--json")
