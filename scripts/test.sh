@@ -6,6 +6,12 @@
 # The whole matrix runs as many envs at once as there are cores (at most 4): each env's tests use
 # about one core. A failed env's output is printed when it ends; the others print one line.
 set -euo pipefail
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
+  echo "usage: bash scripts/test.sh [TOX ARGS]   # no arguments: the whole matrix (~30 min, 2 cores)"
+  echo "  -e unit,lint          chosen envs (tox.ini lists them; docs/development.md says what each runs)"
+  echo "  -e vllm-0.20.1 -- -k doctor   pytest arguments after --"
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 source scripts/tools.sh
 if [ $# -eq 0 ]; then
