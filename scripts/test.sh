@@ -9,7 +9,7 @@ set -euo pipefail
 if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
   echo "usage: bash scripts/test.sh [TOX ARGS]   # no arguments: the whole matrix (~30 min, 2 cores)"
   echo "  -e unit,lint          chosen envs (tox.ini lists them; docs/development.md says what each runs)"
-  echo "  -e vllm-0.20.1 -- -k doctor   pytest arguments after --"
+  echo "  -e vllm-0.20.1 -- tests/cli -k doctor   pytest arguments after -- (in place of the env's own)"
   exit 0
 fi
 cd "$(dirname "$0")/.."
