@@ -316,3 +316,14 @@ def test_set_up_scripts_stop_at_once_without_the_cpu_torch_wheel(tmp_path):
     assert done.returncode == 2 and "made-tools" not in done.stdout
     assert done.stderr.startswith(f"no CPU torch wheel (torch 2.13.0+cpu) in {tmp_path}")
     assert "--index-url https://download.pytorch.org/whl/cpu" in done.stderr
+
+
+@pytest.mark.parametrize("command", [["doctor"], ["patches", "check"], ["check", "out/"]])
+def test_an_unknown_option_gets_the_subcommands_own_usage(command):
+    done, _ = cli(*command, "--bogus")
+    command = [c for c in command if not c.endswith("/")]  # the usage names the command only
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith(f"usage: speculators-hybrid {' '.join(command)} ")
+    assert lines[-1].startswith(f"speculators-hybrid {' '.join(command)}: error: ")
+    assert "--bogus" in lines[-1]
