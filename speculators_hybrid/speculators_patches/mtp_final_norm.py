@@ -80,7 +80,7 @@ PATCH = Patch(
     id="mtp-final-norm",
     project="speculators",
     versions=">=0.8.0",
-    fixed_upstream="none yet",
+    fixed_upstream="none yet (speculators 0.8.0-0.9.0 train the head on the pre-norm state)",
     why=__doc__ or "",
     targets=(
         Target(
