@@ -348,11 +348,11 @@ def run(
         if problem:
             print(f"speculators-hybrid doctor: error: {problem}", file=sys.stderr)
             return 2
-        if switches.disabled():  # else the plugin's own set-up is left out of the patched plan
-            os.environ.pop(switches.DISABLE)
+        if switches.disabled():  # the plugin's own start-up step is then left out here too
             print(
                 f"speculators-hybrid doctor: {switches.DISABLE} is set: a vLLM started with it "
-                "runs stock (the first plan below); doctor plans with the patches regardless",
+                "runs stock (the `stock` plan); unset it for the plan a server with the plugin "
+                "gets",
                 file=sys.stderr,
             )
         quiet_vllm(verbose)

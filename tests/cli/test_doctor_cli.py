@@ -217,10 +217,13 @@ def test_custom_ids_get_the_last_layer_as_launch_gives_it_and_state_bytes_are_un
     assert json.loads(done.stdout)["setup"]["layer_ids"] == [2, 32, 61]
     assert "the last layer" not in done.stderr
 
-    # the plugin switched off for vLLM: doctor still plans both, the same, and says so
+    # the plugin switched off: doctor says what that means for a server and for its own plan
     off = doctor("--demo", "--json", "--ids", "61", "2", "32", SPECULATORS_HYBRID_DISABLE="1")
-    assert off.returncode == 0 and json.loads(off.stdout) == out, off.stderr[-3000:]
-    assert "SPECULATORS_HYBRID_DISABLE is set: a vLLM started with it runs stock" in off.stderr
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert (
+        "speculators-hybrid doctor: SPECULATORS_HYBRID_DISABLE is set: a vLLM started with it "
+        "runs stock (the `stock` plan); unset it for the plan a server with the plugin gets"
+    ) in off.stderr.splitlines()
 
 
 def test_a_patch_id_that_names_no_patch_is_refused_as_launch_refuses_it():
