@@ -53,13 +53,11 @@ def add_final_norm(model: Any) -> bool:
     model_type = verifier_model_type(getattr(model, "config", None))
     if model_type not in ONE_PLUS_W_MODEL_TYPES:
         return False
-    from speculators_hybrid.speculators_patches.norm import OnePlusWeightRMSNorm
+    from speculators_hybrid.speculators_patches.norm import frozen_verifier_norm
 
     layer = model.config.transformer_layer_config
     like = model.embed_tokens.weight
-    norm = OnePlusWeightRMSNorm(layer.hidden_size, eps=layer.rms_norm_eps)
-    model.verifier_norm = norm.to(like.device, like.dtype)
-    model.verifier_norm.weight.requires_grad_(False)
+    model.verifier_norm = frozen_verifier_norm(layer.hidden_size, layer.rms_norm_eps, like)
     model._keys_to_ignore_on_save = {*(model._keys_to_ignore_on_save or ()), KEY}
     model.register_forward_pre_hook(_served_input, with_kwargs=True)
     logger.info(

@@ -26,3 +26,11 @@ class OnePlusWeightRMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}, gain=1+w"
+
+
+def frozen_verifier_norm(dim: int, eps: float, like: torch.Tensor) -> OnePlusWeightRMSNorm:
+    """A model's `verifier_norm`: on `like`'s device and dtype, its weight never trained
+    (speculators' `load_verifier_weights` fills it from the verifier's final norm)."""
+    norm = OnePlusWeightRMSNorm(dim, eps=eps).to(like.device, like.dtype)
+    norm.weight.requires_grad_(False)
+    return norm

@@ -88,13 +88,10 @@ def use_one_plus_w_norm(model: Any) -> bool:
     model_type = verifier_model_type(getattr(model, "config", None))
     if model_type not in ONE_PLUS_W_MODEL_TYPES:
         return False
-    from speculators_hybrid.speculators_patches.norm import OnePlusWeightRMSNorm
+    from speculators_hybrid.speculators_patches.norm import frozen_verifier_norm
 
-    weight = norm.weight
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
-    fixed = OnePlusWeightRMSNorm(weight.shape[0], eps=eps).to(weight.device, weight.dtype)
-    fixed.weight.requires_grad_(False)
-    model.verifier_norm = fixed
+    model.verifier_norm = frozen_verifier_norm(norm.weight.shape[0], eps, norm.weight)
     logger.info(
         "speculators-hybrid: %s verifier_norm for a %s verifier computes x * (1 + w) (was %s)",
         type(model).__name__,
