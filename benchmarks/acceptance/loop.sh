@@ -31,14 +31,19 @@
 #      two offline-trained EAGLE-3s, the seed-1 EAGLE-3, the EAGLE-3 on stock vLLM (plugin off),
 #      eagle3-fp8; DFlash from a copy of its config without M-RoPE only if the as-trained one
 #      fails; then, with GRAPHS=1 (default 0), target and EAGLE-3 with CUDA graphs.
+#   With MTP=1 (default 0) the target gets a native MTP head first (mtp_head.py: random, as a
+#   Qwen3.5 checkpoint lays it out), speculators finetunes it (`--speculator-type mtp`) with the
+#   plugin's mtp-final-norm patch (mtp) and without (mtp-nonorm), `speculators stitch-mtp` puts
+#   each back into a copy of the target, and the accept engine serves each copy with vLLM's own
+#   MTP (`--method mtp`), beside the untrained head (mtp-random, the control).
 # Each phase's JSON lands in $ACC/results (with the trainers' own validation,
 # train-validation.json), which poll copies to $OUT/acc.
 set -uo pipefail
 ACC=${ACC:-/tmp/stash/acc}
 TARGET_S=${TARGET_S:-100}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-700}; EPOCHS=${EPOCHS:-4}; PORT=${PORT:-8100}
 ABLATE=${ABLATE:-1}; REFERENCE=${REFERENCE:-1}; NOISE=${NOISE:-1}; DFLASH_FULL=${DFLASH_FULL:-0}
-FP8=${FP8:-0}; GRAPHS=${GRAPHS:-0}; PARALLEL=${PARALLEL:-1}
-KNOBS="TARGET_S CHATS STEPS EPOCHS ABLATE REFERENCE NOISE DFLASH_FULL FP8 GRAPHS PARALLEL"
+FP8=${FP8:-0}; GRAPHS=${GRAPHS:-0}; PARALLEL=${PARALLEL:-1}; MTP=${MTP:-0}
+KNOBS="TARGET_S CHATS STEPS EPOCHS ABLATE REFERENCE NOISE DFLASH_FULL FP8 GRAPHS PARALLEL MTP"
 source "$(dirname "$0")/../stash.sh"  # RUNNER, the environment
 say() { echo "$(date +%T) $*" | tee -a "$ACC/status"; }
 
@@ -61,6 +66,21 @@ phase_target() {
   timeout $((TARGET_S + 240)) bash -c "cd $ACC/code && bash $RUNNER run \
     python3 benchmarks/acceptance/target.py $ACC/target --seconds $TARGET_S" > "$ACC/logs/target.log" 2>&1
   cp "$ACC/target/target.json" "$ACC/results/" && say "target: done" || { say "target: FAILED"; return 1; }
+}
+
+mtp_head() {  # MTP=1: the target's native head, before the server reads the target (it skips
+  # `mtp.*`, as transformers does); says so and leaves the MTP drafters out if it fails
+  [ "$MTP" = 1 ] || return 0
+  bash $RUNNER run python3 "$ACC/code/benchmarks/acceptance/mtp_head.py" "$ACC/target" \
+    >> "$ACC/logs/target.log" 2>&1 && say "mtp head: added" || say "mtp head: FAILED"
+}
+
+stitch() {  # NAME: the newest checkpoint of train-NAME stitched into a copy of the target
+  local ck; ck=$(latest "$ACC/train-$1"); [ -n "$ck" ] || return 0
+  rm -rf "$ACC/stitched-$1"
+  timeout 300 bash $RUNNER run python3 -m speculators stitch-mtp "$ck" "$ACC/target" \
+    --output-path "$ACC/stitched-$1" > "$ACC/logs/stitch-$1.log" 2>&1
+  say "stitch $1: exit $?"
 }
 
 wait_ready() {  # tries pid port
@@ -155,6 +175,11 @@ phase_train() {
   if wants eagle3-seed1; then  # the same EAGLE-3, another seed: run-to-run noise
     SEED=1 train_one eagle3-seed1 eagle3 --num-layers 1 & trainers+=($!)
   fi
+  if wants mtp; then  # the native head finetuned, with the plugin's mtp-final-norm and without
+    train_one mtp mtp --num-speculative-steps 3 & trainers+=($!)
+    SPECULATORS_HYBRID_DISABLED_PATCHES=mtp-final-norm \
+      train_one mtp-nonorm mtp --num-speculative-steps 3 & trainers+=($!)
+  fi
   if [ "$fp8" = 1 ]; then
     SERVER_PORT=$fp8_port train_one eagle3-fp8 eagle3 --num-layers 1 \
       --hidden-states-backend fp8 & trainers+=($!)
@@ -167,6 +192,7 @@ phase_train() {
   grep -c '"POST /v1/completions HTTP/1.1" 200' "$ACC"/logs/server-*.log > "$ACC/results/requests_200.txt"
   stop_servers; sleep 5
   if [ -n "$ref" ]; then [ -n "$early" ] || control "$ref"; wait "$ref" $early; fi
+  if wants mtp; then stitch mtp; stitch mtp-nonorm; fi
   python3 "$(dirname "$0")/validation.py" "$ACC/logs" \
     > "$ACC/results/train-validation.json"
   touch "$ACC/results/train.done"
@@ -242,6 +268,12 @@ phase_accept() {
   [ -n "$seed1" ] && serve $rest eagle3-seed1 $a --drafter "$seed1" --method eagle3 --k 3 $args
   [ -n "$eagle" ] && serve $rest eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
   [ -n "$fp8" ] && serve $rest eagle3-fp8 $a --drafter "$fp8" --method eagle3 --k 3 $args
+  local heldout="$ACC/target/heldout.jsonl" name  # MTP: the stitched copy is target and drafter
+  for name in mtp mtp-nonorm; do
+    [ -f "$ACC/stitched-$name/config.json" ] || continue
+    serve $rest $name $a --drafter "$ACC/stitched-$name" --method mtp --k 3 "$ACC/stitched-$name" "$heldout"
+  done
+  wants mtp && serve $rest mtp-random $a --drafter "$ACC/target" --method mtp --k 3 $args
   if [ ${#pids[@]} -gt 0 ]; then printf '%s\n' "${side[@]}" > "$ACC/results/parallel.txt"; wait "${pids[@]}"; fi
   # the command itself failing (no engine report) must not cost the measurement: the engine
   if [ -n "$dflash" ] && ! [ -f "$ACC/cli-dflash/drafter.json" ]; then
@@ -278,6 +310,7 @@ planned() {  # the drafters the knobs ask for, one a line: the one place that ma
   [ "$REFERENCE" = 1 ] && { echo eagle3-hf32; echo eagle3-shuffled; }
   [ "$NOISE" = 1 ] && echo eagle3-seed1
   [ "$FP8" = 1 ] && echo eagle3-fp8
+  [ "$MTP" = 1 ] && { echo mtp; echo mtp-nonorm; }
   return 0
 }
 wants() { [[ $'\n'"$(planned)"$'\n' == *$'\n'"$1"$'\n'* ]]; }  # no pipe: no SIGPIPE race
@@ -305,7 +338,7 @@ case "${1:-}" in
     setsid bash "$ACC/code/benchmarks/acceptance/loop.sh" all > "$ACC/logs/loop.log" 2>&1 < /dev/null &
     sleep 2; cat "$ACC/status" 2>/dev/null; echo "loop started"
     ;;
-  all) write_knobs; warm_imports & phase_target && phase_train; phase_accept; say "loop: finished" ;;
+  all) write_knobs; warm_imports & phase_target && mtp_head && phase_train; phase_accept; say "loop: finished" ;;
   accept) phase_accept ;;
   poll)
     stash_wait "$ACC/results/accept.done" "${2:-60}"

@@ -42,19 +42,25 @@ case $args in
   *hf_states.py*)  # TARGET DATA OUT: after prepare-data
     [ -d "$4" ] || { echo "stub: no prepared data at $4" >&2; exit 1; }
     mkdir -p "$5" "$(value --shuffled-copy "$@")"; echo '{}' > "$(value --report "$@")" ;;
+  *mtp_head.py*) touch "$3/mtp-head" ;;  # TARGET
+  *stitch-mtp*)  # CHECKPOINT TARGET --output-path OUT
+    out=$(value --output-path "$@"); mkdir -p "$out"
+    printf '{"checkpoint": "%s", "into": "%s"}' "$5" "$6" > "$out/config.json" ;;
   *"speculators train"*)
     save=$(value --save-path "$@"); mkdir -p "$save/1"
     [ -n "$(value --vllm-endpoint "$@")" ] && sleep 3  # online: the server's samples take a while
     alive=""  # whether a training server still runs while this trainer starts
     while read -r pid _; do kill -0 "$pid" 2> /dev/null && alive=1; done < "$STUB/servers"
     fmt='{"off": "%s", "seed": "%s", "full": "%s", "from": "%s %s %s", "backend": "%s",'
-    fmt+=' "rope_parameters": %s, "alive": "%s"}'
+    fmt+=' "rope_parameters": %s, "alive": "%s", "kind": "%s", "head": "%s"}'
+    head=""; [ -f "$(value --verifier-name-or-path "$@")/mtp-head" ] && head=1
     printf "$fmt" \
       "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" "$(value --seed "$@")" \
       "$(value --full-attention-indices "$@")" \
       "$(value --on-missing "$@")" \
       "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" \
       "$(value --hidden-states-backend "$@")" '{"mrope_section": [1, 1]}' "$alive" \
+      "$(value --speculator-type "$@")" "$head" \
       > "$save/1/config.json" ;;
   *"speculators_hybrid.cli accept"*)  # the user's command, served alone: as-trained DFlash refused
     out=$(value --out "$@"); mkdir -p "$out"; echo "$args" > "$out/args"
@@ -90,14 +96,9 @@ def free_port() -> int:
             return port
 
 
-@pytest.mark.parametrize(
-    ("reference", "graphs", "fp8", "few"),
-    [("1", "1", "0", "0"), ("0", "0", "1", "0"), ("0", "0", "fails", "0"), ("1", "0", "0", "1")],
-)
-def test_loop_ends_stops_its_server_and_runs_every_phase(
-    tmp_path: Path, reference: str, graphs: str, fp8: str, few: str
-) -> None:
-    """few=1: ABLATE=0 NOISE=0, four trainers: the control trains beside the online ones."""
+def run_loop(tmp_path: Path, knobs: dict[str, str]) -> tuple[Path, str, dict[str, str]]:
+    """loop.sh all with the stand-in RUNNER and these knobs: the loop's folder, its status and
+    the servers it started (pid: backend); fails if it did not end on its own or left a server."""
     acc, stub = tmp_path / "acc", tmp_path / "stub"
     for d in (acc / "code", acc / "logs", acc / "results", stub):
         d.mkdir(parents=True)
@@ -105,19 +106,7 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     runner.write_text(RUNNER)
     env = {**os.environ, "ACC": str(acc), "RUNNER": str(runner), "STUB": str(stub)}
     env["STANDIN"] = str(Path(standin_vllm.__file__))
-    env |= {"PORT": str(free_port()), "TARGET_S": "1", "CHATS": "2", "STEPS": "1"}
-    env |= {"REFERENCE": reference, "GRAPHS": graphs, "FP8": "0" if fp8 == "0" else "1"}
-    full = ("dflash-full",) if reference == "1" and few == "0" else ()  # DFLASH_FULL: default 0
-    nonorm = () if few == "1" else ("eagle3-nonorm",)  # ABLATE: default 1
-    seed1 = () if few == "1" else ("eagle3-seed1",)  # NOISE: default 1
-    if few == "1":
-        env |= {"ABLATE": "0", "NOISE": "0"}
-    if full:
-        env["DFLASH_FULL"] = "1"
-    if fp8 == "fails":  # the fp8 server dies at start: the loop goes on without eagle3-fp8
-        env |= {"FP8_FAILS": "1", "PARALLEL": "all"}  # and every engine is served at once
-    if fp8 == "1":  # `speculators-hybrid accept` itself fails: DFlash is served by the engine
-        env["CLI_BROKEN"] = "1"
+    env |= {"PORT": str(free_port()), "TARGET_S": "1", "CHATS": "2", "STEPS": "1", **knobs}
     left_running = False
     try:
         done = subprocess.run(
@@ -131,10 +120,34 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
     status = (acc / "status").read_text()
     assert done.returncode == 0, status + done.stderr
     assert "loop: finished" in status, status
+    assert not left_running, "the loop left a training server running"
+    return acc, status, servers
+
+
+@pytest.mark.parametrize(
+    ("reference", "graphs", "fp8", "few"),
+    [("1", "1", "0", "0"), ("0", "0", "1", "0"), ("0", "0", "fails", "0"), ("1", "0", "0", "1")],
+)
+def test_loop_ends_stops_its_server_and_runs_every_phase(
+    tmp_path: Path, reference: str, graphs: str, fp8: str, few: str
+) -> None:
+    """few=1: ABLATE=0 NOISE=0, four trainers: the control trains beside the online ones."""
+    env = {"REFERENCE": reference, "GRAPHS": graphs, "FP8": "0" if fp8 == "0" else "1"}
+    env["PORT"] = str(free_port())
+    full = ("dflash-full",) if reference == "1" and few == "0" else ()  # DFLASH_FULL: default 0
+    nonorm = () if few == "1" else ("eagle3-nonorm",)  # ABLATE: default 1
+    seed1 = () if few == "1" else ("eagle3-seed1",)  # NOISE: default 1
+    if few == "1":
+        env |= {"ABLATE": "0", "NOISE": "0"}
+    if full:
+        env["DFLASH_FULL"] = "1"
+    if fp8 == "fails":  # the fp8 server dies at start: the loop goes on without eagle3-fp8
+        env |= {"FP8_FAILS": "1", "PARALLEL": "all"}  # and every engine is served at once
+    if fp8 == "1":  # `speculators-hybrid accept` itself fails: DFlash is served by the engine
+        env["CLI_BROKEN"] = "1"
+    acc, status, servers = run_loop(tmp_path, env)
     assert "imports: compiled in" in status and "imports: done in" in status
     assert "vllm" in (acc / "logs" / "imports.log").read_text()
-
-    assert not left_running, "the loop left a training server running"
     assert sorted(servers.values()) == ([""] if fp8 == "0" else ["", "fp8"])
     assert ("server fp8: FAILED" in status) == (fp8 == "fails")
     assert ("train eagle3-nonorm: exit 0" in status) == bool(nonorm)
@@ -303,3 +316,34 @@ def test_the_staged_folders_are_compiled_without_importing_them(tmp_path: Path) 
     assert compiled == staged, compiled
     names = {p.name.split(".")[0] for p in site.rglob("*.pyc")}
     assert names == {"__init__", "api", "models"}, names  # broken.py: skipped
+
+
+def test_mtp_heads_finetunes_stitches_and_serves_the_native_head(tmp_path: Path) -> None:
+    """MTP=1: the head is added before the server starts; mtp and mtp-nonorm (the plugin's
+    mtp-final-norm off) finetune it; each checkpoint is stitched into a copy of the target, which
+    the engine serves as target and drafter with vLLM's MTP; the untrained head is the control."""
+    knobs = {"MTP": "1", "REFERENCE": "0", "ABLATE": "0", "NOISE": "0", "PARALLEL": "all"}
+    acc, status, _ = run_loop(tmp_path, knobs)
+    assert status.index("mtp head: added") < status.index("server: starting")
+    trained = {
+        name: json.loads((acc / f"train-{name}" / "1" / "config.json").read_text())
+        for name in ("mtp", "mtp-nonorm", "eagle3")
+    }
+    assert {n: (c["kind"], c["off"], c["head"]) for n, c in trained.items()} == {
+        "mtp": ("mtp", "", "1"),
+        "mtp-nonorm": ("mtp", "mtp-final-norm", "1"),
+        "eagle3": ("eagle3", "", "1"),
+    }
+    for name in ("mtp", "mtp-nonorm"):
+        assert f"stitch {name}: exit 0" in status
+        stitched = acc / f"stitched-{name}"
+        made = json.loads((stitched / "config.json").read_text())
+        assert made == {"checkpoint": str(acc / f"train-{name}" / "1"), "into": str(acc / "target")}
+        served = json.loads((acc / "results" / f"accept-{name}.json").read_text())["args"]
+        assert f"--drafter {stitched} --method mtp --k 3 {stitched} " in served
+    control = json.loads((acc / "results" / "accept-mtp-random.json").read_text())["args"]
+    assert f"--drafter {acc / 'target'} --method mtp" in control
+    side_by_side = (acc / "results" / "parallel.txt").read_text().split()
+    assert {"mtp", "mtp-nonorm", "mtp-random"} <= set(side_by_side)
+    planned = json.loads((acc / "results" / "knobs.json").read_text())["drafters"]
+    assert planned == ["eagle3", "dflash", "mtp", "mtp-nonorm"]
