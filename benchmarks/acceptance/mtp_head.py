@@ -48,7 +48,7 @@ def head_weights(text: dict, seed: int = 0) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("target", type=Path, help="target.py's checkpoint folder (changed in place)")
+    parser.add_argument("target", type=Path, help="target.py's checkpoint (changed in place)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     config_path, weights_path = args.target / "config.json", args.target / WEIGHTS
