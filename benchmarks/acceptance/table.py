@@ -31,6 +31,9 @@ ORDER = (
     "eagle3-seed1",
     "eagle3-stock",
     "eagle3-fp8",
+    "mtp",
+    "mtp-nonorm",
+    "mtp-random",
     "target-graphs",
     "eagle3-graphs",
 )

@@ -22,7 +22,11 @@ about the share of the most common tokens, 0.1 or less. So:
 - EAGLE-3 (plugin) not below the float32 reference by more than REFERENCE_SLACK (item 4: the
   plugin's bf16 files should train as well as float32 ones, within run-to-run noise);
 - DFlash served as trained (the plugin drops M-RoPE from its config), no error;
-- every served drafter made drafts, and all but the control an acceptance length > 1.
+- every served drafter made drafts, and all but the control an acceptance length > 1;
+- with MTP=1, the target's native MTP head finetuned through the plugin (mtp-final-norm: trained
+  on the final norm's output, as vLLM serves the head) above the same head finetuned with the
+  patch off by NORM_MARGIN, and far above the untrained head (mtp-random, as for the shuffled
+  control).
 
 A claim whose drafters the run left out on purpose (`knobs.json`'s `drafters`, written by
 loop.sh from its knobs: for example REFERENCE=0) is skipped with that reason; a drafter missing
@@ -65,11 +69,13 @@ def knobs(results: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def served(results: Path, name: str) -> dict[str, Any]:
+def served(results: Path, name: str, planned_as: str = "") -> dict[str, Any]:
+    """accept-NAME.json; skipped if the knobs left out NAME's trainer (`planned_as`: the trainer
+    an untrained control goes with)."""
     path = results / f"accept-{name}.json"
     if not path.is_file():
         planned = knobs(results).get("drafters")  # what loop.sh's knobs asked it to train
-        if planned is not None and name not in planned:
+        if planned is not None and (planned_as or name) not in planned:
             pytest.skip(f"the run left {name} out (knobs.json: {', '.join(planned)})")
         pytest.fail(f"no {path.name}: run loop.sh until accept.done (knobs at their defaults)")
     report = json.loads(path.read_text())
@@ -82,7 +88,7 @@ def first(report: dict[str, Any]) -> float:
     return float(report["acceptance_per_position"][0])
 
 
-@pytest.mark.parametrize("name", ["eagle3", "dflash", "eagle3-nonorm", "eagle3-hf32"])
+@pytest.mark.parametrize("name", ["eagle3", "dflash", "eagle3-nonorm", "eagle3-hf32", "mtp"])
 def test_the_drafter_serves_and_accepts(results: Path, name: str) -> None:
     """Served as trained (DFlash: with the M-RoPE section speculators saved), drafts accepted."""
     report = served(results, name)
@@ -98,6 +104,17 @@ def test_far_above_the_shuffled_states_control(results: Path) -> None:
     eagle, shuffled = first(served(results, "eagle3")), first(served(results, "eagle3-shuffled"))
     assert eagle >= SHUFFLED_RATIO * shuffled, (eagle, shuffled)
     assert eagle - shuffled >= SHUFFLED_GAP, (eagle, shuffled)
+
+
+def test_mtp_trains_better_with_its_final_norm_patch(results: Path) -> None:
+    mtp, nonorm = first(served(results, "mtp")), first(served(results, "mtp-nonorm"))
+    assert mtp >= nonorm + NORM_MARGIN, (mtp, nonorm)
+
+
+def test_mtp_far_above_the_untrained_head(results: Path) -> None:
+    mtp, untrained = first(served(results, "mtp")), first(served(results, "mtp-random", "mtp"))
+    assert mtp >= SHUFFLED_RATIO * untrained, (mtp, untrained)
+    assert mtp - untrained >= SHUFFLED_GAP, (mtp, untrained)
 
 
 def test_as_good_as_the_float32_reference(results: Path) -> None:
@@ -136,7 +153,7 @@ def test_summary(results: Path) -> None:
             name: "error" not in got[name]
             and first(got[name]) >= ISSUE_FLOOR["position_0"]
             and got[name]["acceptance_length"] >= ISSUE_FLOOR["length"]
-            for name in ("eagle3", "dflash")
+            for name in ("eagle3", "dflash", "mtp")
             if name in got
         },
     }
