@@ -51,6 +51,7 @@ from speculators_hybrid.hidden_files import (
     format_problems,
     patch_ids,
 )
+from speculators_hybrid.usage import refuse
 
 CHUNK_BYTES = 4 << 20  # rows scanned at a time: small enough to stay in the CPU's cache
 FLOAT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -480,8 +481,7 @@ def print_failures(reports: list[FileReport], out: IO[str]) -> None:
 
 
 def usage_error(message: str) -> int:
-    print(f"speculators-hybrid check: error: {message}", file=sys.stderr)
-    return 2
+    return refuse("check", message)
 
 
 def _lock_files(paths: list[str]) -> int:
@@ -599,7 +599,10 @@ def _verify_with(model: str | None, paths: list[str], as_json: bool) -> tuple[in
     if not model:
         return 0, None
     if not paths:
-        print("check: no file passed the static checks; nothing to verify", file=sys.stderr)
+        print(
+            "speculators-hybrid check: no file passed the static checks; nothing to verify",
+            file=sys.stderr,
+        )
         return 0, None
     from speculators_hybrid.verify.command import verify_paths
 

@@ -9,6 +9,7 @@ from speculators_hybrid import __version__, check, doctor, launch, run, switches
 from speculators_hybrid.accept import command as accept_command
 from speculators_hybrid.plugin import disabled, unknown_disabled, vllm_patches
 from speculators_hybrid.registry import Patch, Patcher
+from speculators_hybrid.usage import refuse
 from speculators_hybrid.verify import command as verify_command
 from speculators_hybrid.versions import installed
 
@@ -36,8 +37,7 @@ def all_patches() -> tuple[Patch, ...]:
 def _patches_list(args: argparse.Namespace) -> int:
     problem = unknown_disabled()
     if problem:
-        print(f"speculators-hybrid patches: error: {problem}", file=sys.stderr)
-        return 2
+        return refuse("patches", problem)
     off = switches.disabled_patches()
     print(
         f"vllm {installed('vllm') or 'not installed'}; "

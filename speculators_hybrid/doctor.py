@@ -20,6 +20,7 @@ from unittest.mock import patch
 
 from speculators_hybrid import planning, support, switches
 from speculators_hybrid.cpu import quiet_vllm, vllm_error
+from speculators_hybrid.usage import refuse
 
 GIB = 1 << 30
 SCHEMA = 1
@@ -340,14 +341,12 @@ def run(
             if note:  # once the ids are accepted
                 print(f"speculators-hybrid doctor: {note}", file=sys.stderr)
         except LaunchError as exc:
-            print(f"speculators-hybrid doctor: error: {exc}", file=sys.stderr)
-            return 2
+            return refuse("doctor", str(exc))
         from speculators_hybrid.plugin import unknown_disabled
 
         problem = unknown_disabled()  # as `launch` refuses it
         if problem:
-            print(f"speculators-hybrid doctor: error: {problem}", file=sys.stderr)
-            return 2
+            return refuse("doctor", problem)
         if switches.disabled():  # the plugin's own start-up step is then left out here too
             print(
                 f"speculators-hybrid doctor: {switches.DISABLE} is set: a vLLM started with it "
@@ -369,8 +368,7 @@ def run(
 
             problem = unknown_model_type(target.config)
             if problem:
-                print(f"speculators-hybrid doctor: error: {problem}", file=sys.stderr)
-                return 2
+                return refuse("doctor", problem)
             out = report(
                 path, ids, tp, max_model_len, memory_gib, prefix_caching, max_num_batched_tokens
             )
@@ -557,8 +555,7 @@ def _cli(args: argparse.Namespace) -> int:
     if (args.model is None) == (not args.demo):
         problem = "give a model or config directory, or --demo (not both)"
     if problem:
-        print(f"speculators-hybrid doctor: error: {problem}", file=sys.stderr)
-        return 2
+        return refuse("doctor", problem)
     return run(
         args.model,
         tuple(args.ids) if args.ids else None,

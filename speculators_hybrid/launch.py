@@ -24,6 +24,7 @@ from speculators_hybrid.launcher import LaunchError, adjust, builtin, intercept,
 from speculators_hybrid.launcher.command import Command
 from speculators_hybrid.launcher.model_type import refuse_unknown
 from speculators_hybrid.plugin import unknown_disabled
+from speculators_hybrid.usage import refuse
 from speculators_hybrid.versions import installed
 from speculators_hybrid.vllm_patches.writer import writer_threads
 
@@ -181,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # the built-in parser's --help or usage error
         return exc.code if isinstance(exc.code, int) else 2
     except LaunchError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse("launch", str(exc))
     return 2
 
 

@@ -24,6 +24,8 @@ import shutil
 import sys
 from collections.abc import Mapping
 
+from speculators_hybrid.usage import refuse
+
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 
 
@@ -54,27 +56,19 @@ def _run(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        print(
-            "speculators-hybrid run: error: give a command after --, e.g. run -- torchrun ...",
-            file=sys.stderr,
-        )
-        return 2
+        return refuse("run", "give a command after --, e.g. run -- torchrun ...")
     if not args.quiet:
         print(f"speculators-hybrid run: {_plan()}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     env = child_env(os.environ)
     if os.sep not in cmd[0] and shutil.which(cmd[0], path=env.get("PATH")) is None:
-        print(f"speculators-hybrid run: error: {cmd[0]}: command not found", file=sys.stderr)
-        return 127
+        return refuse("run", f"{cmd[0]}: command not found", 127)
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as exc:
-        print(
-            f"speculators-hybrid run: error: cannot run {cmd[0]}: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
-        return 126 if isinstance(exc, PermissionError) else 127
+        status = 126 if isinstance(exc, PermissionError) else 127
+        return refuse("run", f"cannot run {cmd[0]}: {exc.strerror or exc}", status)
     return 0  # not reached
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from speculators_hybrid import switches
+from speculators_hybrid.usage import refuse
 
 # The checkout's patches/, else the wheel's copy (package data via the link _patches), else
 # ./patches.
@@ -362,11 +363,9 @@ def _announce(root: Path, todo: list[tuple[str, str]]) -> None:
 def _check_cli(args: argparse.Namespace) -> int:
     root = Path(args.root).resolve()
     if args.source and len(args.project or ()) * len(args.version or ()) != 1:
-        print("check: --source needs exactly one --project and one --version", file=sys.stderr)
-        return 2
+        return refuse("patches check", "--source needs exactly one --project and one --version")
     if args.all and args.version:
-        print("check: --all or --version, not both", file=sys.stderr)
-        return 2
+        return refuse("patches check", "--all or --version, not both")
     projects = args.project or ("vllm", "speculators")
     todo: list[tuple[str, str]] = []
     skipped = []
@@ -385,14 +384,12 @@ def _check_cli(args: argparse.Namespace) -> int:
     unknown = [v for v in args.version or () if all(v != w for _, w in todo)]
     if unknown:
         have = "; ".join(f"{p} {_span(releases(root, p))}" for p in projects)
-        print(f"check: patches/ has no diffs for {', '.join(unknown)} ({have})", file=sys.stderr)
-        return 2
+        return refuse("patches check", f"patches/ has no diffs for {', '.join(unknown)} ({have})")
     if not (args.version or args.all):
         others = "--version V checks another release, --all every one (downloads their wheels)"
         if not todo:
             said = "; ".join(skipped)
-            print(f"check: nothing installed here to check ({said}); {others}", file=sys.stderr)
-            return 2
+            return refuse("patches check", f"nothing installed here to check ({said}); {others}")
         print(f"the installed releases; {others}")
         for why in skipped:
             print(why)
@@ -422,8 +419,7 @@ def _failed(command: str, exc: Exception) -> int:
     if isinstance(exc, subprocess.CalledProcessError):
         detail = (exc.stderr or "").strip().splitlines()[-1:] or [str(exc)]
         exc = RuntimeError(f"git {exc.cmd[len(_IDENTITY) + 1]}: {detail[0]}")
-    print(f"{command}: {exc}", file=sys.stderr)
-    return 2
+    return refuse(f"patches {command}", str(exc))
 
 
 def _unpack_cli(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from speculators_hybrid.accept import __doc__ as DOC
+from speculators_hybrid.usage import refuse
 
 # vLLM's speculative methods for each `speculators_model_type` a drafter's config can name
 METHODS = {"eagle3": "eagle3", "dflash": "dflash", "mtp": "mtp"}
@@ -199,8 +200,7 @@ def run(args: argparse.Namespace) -> int:
             raise BadInput(f"--out {out} is a file: give a folder")
         out.mkdir(parents=True, exist_ok=True)
     except BadInput as exc:
-        print(f"speculators-hybrid accept: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse("accept", str(exc))
     runs: dict[str, dict[str, Any]] = {}
     plan: list[tuple[str, list[str]]] = [] if args.no_baseline else [("target", [])]
     plan.append(("drafter", ["--drafter", str(drafter), "--method", method]))

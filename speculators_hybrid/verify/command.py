@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from typing import IO, Any
 
+from speculators_hybrid.usage import refuse
 from speculators_hybrid.verify import __doc__ as DOC
 
 DEFAULT_SAMPLE = 32
@@ -219,8 +220,7 @@ def verify_paths(
         except ModelError as exc:
             raise BadInput(str(exc)) from None
     except BadInput as exc:
-        print(f"verify: {exc}", file=sys.stderr)
-        return 2, None
+        return refuse("verify", str(exc)), None
     out = out or sys.stdout
     settings = {"model": model, "device": where, "dtype": dtype, "seed": seed}
     if not as_json:
@@ -254,11 +254,9 @@ def verify_paths(
 
 def _verify(args: argparse.Namespace) -> int:
     if args.sample is not None and args.sample < 1:
-        print("verify: --sample must be at least 1", file=sys.stderr)
-        return 2
+        return refuse("verify", "--sample must be at least 1")
     if args.fraction is not None and not 0 < args.fraction <= 1:
-        print("verify: --fraction must be within (0, 1]", file=sys.stderr)
-        return 2
+        return refuse("verify", "--fraction must be within (0, 1]")
     code, doc = verify_paths(
         args.paths,
         args.model,

@@ -91,5 +91,6 @@ def test_patches_check_of_one_release_checks_the_project_that_has_it(tmp_path):
     assert "speculators" not in done.stdout and "downloading" not in done.stdout
     bad = subprocess.run([*cli, "notaversion"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.startswith("check: patches/ has no diffs for notaversion (vllm 0.20.0 to ")
+    said = "speculators-hybrid patches check: error: patches/ has no diffs for notaversion"
+    assert bad.stderr.startswith(f"{said} (vllm 0.20.0 to ")
     assert len(bad.stderr.splitlines()) == 1

@@ -123,7 +123,10 @@ def test_cli_check_exit_status(tmp_path, release, capsys):
     _fixed(root, release, tmp_path)
     args = ["patches", "check", "--root", str(root), "--project", "vllm", "--version", "1.0"]
     assert main(args) == 2  # no vLLM 1.0 diffs there
-    assert capsys.readouterr().err == "check: patches/ has no diffs for 1.0 (vllm none)\n"
+    assert (
+        capsys.readouterr().err
+        == "speculators-hybrid patches check: error: patches/ has no diffs for 1.0 (vllm none)\n"
+    )
     assert main([*args[:4], "--version", "1.0"]) == 2  # nor speculators 1.0
     assert capsys.readouterr().err.endswith("for 1.0 (vllm none; speculators none)\n")
     assert main([*args[:-4], "--source", str(release)]) == 2  # --source needs one release
@@ -147,15 +150,25 @@ def test_cli_unpack_takes_a_root_relative_to_the_current_folder(tmp_path, monkey
 def test_cli_unpack_and_export_say_what_went_wrong_in_one_line(tmp_path, capsys):
     (tmp_path / "taken").mkdir()
     assert main(["patches", "unpack", "--version", "9.9", str(tmp_path / "taken")]) == 2
-    assert capsys.readouterr().err == f"unpack: {tmp_path / 'taken'} exists: name a new folder\n"
+    assert (
+        capsys.readouterr().err
+        == f"speculators-hybrid patches unpack: error: {tmp_path / 'taken'} exists: "
+        "name a new folder\n"
+    )
     (tmp_path / "plain").mkdir()  # not a repository made by unpack
     args = ["patches", "export", "--version", "9.9", "--root", str(tmp_path / "patches")]
     assert main([*args, str(tmp_path / "plain")]) == 2
     said = "is not a git repository: give the folder `unpack` made\n"
-    assert capsys.readouterr().err == f"export: {tmp_path / 'plain'} {said}"
+    assert (
+        capsys.readouterr().err
+        == f"speculators-hybrid patches export: error: {tmp_path / 'plain'} {said}"
+    )
     assert main([*args, str(tmp_path / "nowhere")]) == 2
     said = "does not exist: give the folder `unpack` made\n"
-    assert capsys.readouterr().err == f"export: {tmp_path / 'nowhere'} {said}"
+    assert (
+        capsys.readouterr().err
+        == f"speculators-hybrid patches export: error: {tmp_path / 'nowhere'} {said}"
+    )
 
 
 def test_cli_unpack_that_fails_leaves_no_half_made_folder(tmp_path, capsys):
@@ -167,7 +180,9 @@ def test_cli_unpack_that_fails_leaves_no_half_made_folder(tmp_path, capsys):
     diff.write_text(f"{HEADER}\n--- a/vllm/core.py\n+++ b/vllm/core.py\n@@ -1 +1 @@\n-x\n+y\n")
     args = ["patches", "unpack", "--version", "9.9", "--root", str(tmp_path / "patches")]
     assert main([*args, "--source", str(source), str(tmp_path / "work")]) == 2
-    assert capsys.readouterr().err.startswith("unpack: git apply: ")
+    assert capsys.readouterr().err.startswith(
+        "speculators-hybrid patches unpack: error: git apply: "
+    )
     assert not (tmp_path / "work").exists()
 
 

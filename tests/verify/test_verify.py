@@ -209,14 +209,26 @@ def test_bad_input_is_one_line(model_dir: Path, tmp_path: Path) -> None:
     for argv, message in cases:
         code, out, err = cli("verify", *argv, "--device", "cpu")
         assert code == 2, (argv, out, err)
-        assert err.count("\n") == 1 and message in err and err.startswith("verify: "), err
+        assert (
+            err.count("\n") == 1
+            and message in err
+            and err.startswith("speculators-hybrid verify: error: ")
+        ), err
     config_only = tmp_path / "config_only"
     config_only.mkdir()
     (config_only / "config.json").write_text((model_dir / "config.json").read_text())
     code, _, err = cli("verify", good, "--model", config_only, "--device", "cpu")
-    assert code == 2 and err.startswith("verify: cannot load") and err.count("\n") == 1, err
+    assert (
+        code == 2
+        and err.startswith("speculators-hybrid verify: error: cannot load")
+        and err.count("\n") == 1
+    ), err
     code, _, err = cli("verify", good, "--model", model_dir, "--device", "tpu")
-    assert code == 2 and err == "verify: --device tpu: verify runs on cpu or cuda[:N]\n", err
+    assert (
+        code == 2
+        and err
+        == "speculators-hybrid verify: error: --device tpu: verify runs on cpu or cuda[:N]\n"
+    ), err
 
 
 def test_missing_transformers_names_the_install(tmp_path: Path) -> None:
@@ -234,7 +246,8 @@ def test_missing_transformers_names_the_install(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
-        "verify: needs transformers: pip install './speculators-hybrid[verify]' "
+        "speculators-hybrid verify: error: needs transformers: "
+        "pip install './speculators-hybrid[verify]' "
         "(the clone's folder; torch, transformers >= 5.6, tqdm)\n"
     )
 
