@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
@@ -483,7 +484,12 @@ def render(out: dict[str, Any]) -> str:
     for p in out["plans"]:
         lines += ["", f"== {TITLES[p['name']]}"]
         if p["patches"]:
-            lines.append(f"   patches: {', '.join(p['patches'])}")
+            said = f"patches: {', '.join(p['patches'])}"
+            lines.append(
+                textwrap.fill(
+                    said, 100, initial_indent="   ", subsequent_indent="   ", break_on_hyphens=False
+                )
+            )
         if p["name"] != "no-extraction" and p["connector"]:  # empty: no config was built
             lines.append(
                 f"   hybrid KV cache manager {_on(p['hma_enabled'])}; "
