@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +19,16 @@ from speculators_hybrid.versions import installed  # noqa: E402
 VERSION = Version(Version(installed("speculators") or "0").base_version)
 # speculators 0.5.0's DFlash trains on hard targets: it has no verifier norm.
 ALGORITHMS = ("eagle3", "dflash") if VERSION >= Version("0.6.0") else ("eagle3",)
+ACCEPTANCE = Path(__file__).resolve().parents[2] / "benchmarks" / "acceptance"
+
+
+def acceptance_script(name: str) -> Any:
+    """benchmarks/acceptance/NAME.py, imported by path (the folder is no package on the path)."""
+    spec = importlib.util.spec_from_file_location(name, ACCEPTANCE / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture

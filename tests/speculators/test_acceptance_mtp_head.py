@@ -9,7 +9,6 @@ gives the same logits with and without the head.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import VERSION
+from conftest import VERSION, acceptance_script
 from packaging.version import Version
 from safetensors.torch import load_file
 from tiny_models import TO_CHECKPOINT, checkpoint_name
@@ -25,16 +24,7 @@ from tiny_models import TO_CHECKPOINT, checkpoint_name
 if VERSION < Version("0.9.0"):
     pytest.skip("the acceptance loop runs speculators 0.9.0", allow_module_level=True)
 
-ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = "model.safetensors"
-
-
-def load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"benchmarks/acceptance/{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def target_logits(target: Path) -> torch.Tensor:
@@ -50,9 +40,9 @@ def made(tmp_path_factory) -> dict[str, Any]:
     """The target, its logits and weights before the head, then the head added."""
     target = tmp_path_factory.mktemp("mtp") / "target"
     args = ["--device", "cpu", "--limit-files", "30", "--seconds", "0", "--eval-chats", "2"]
-    assert load("target").main([str(target), *args]) == 0
+    assert acceptance_script("target").main([str(target), *args]) == 0
     before = {"logits": target_logits(target), "weights": load_file(str(target / WEIGHTS))}
-    assert load("mtp_head").main([str(target)]) == 0
+    assert acceptance_script("mtp_head").main([str(target)]) == 0
     return {"target": target, **before}
 
 
@@ -67,13 +57,13 @@ def test_the_target_computes_what_it_did(made) -> None:
 def test_a_second_run_changes_nothing(made, capsys) -> None:
     path = made["target"] / WEIGHTS
     size, mtime = path.stat().st_size, path.stat().st_mtime_ns
-    assert load("mtp_head").main([str(made["target"])]) == 0
+    assert acceptance_script("mtp_head").main([str(made["target"])]) == 0
     assert "already has an MTP head" in capsys.readouterr().out
     assert (path.stat().st_size, path.stat().st_mtime_ns) == (size, mtime)
 
 
 def test_bad_input_is_one_line(tmp_path, capsys) -> None:
-    assert load("mtp_head").main([str(tmp_path)]) == 2
+    assert acceptance_script("mtp_head").main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no config.json" in err
 

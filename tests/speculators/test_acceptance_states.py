@@ -12,7 +12,6 @@ transformers' own `output_hidden_states` (an independent path from the hooks hf_
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import VERSION
+from conftest import VERSION, acceptance_script
 from packaging.version import Version
 from safetensors.torch import load_file
 
@@ -34,14 +33,6 @@ IDS = [*AUX, 8]  # the stdlib-tiny target has 8 decoder layers
 SAMPLES, TOKENS = 3, 80
 
 
-def load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"benchmarks/acceptance/{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> dict[str, Path]:
     """The target, prepared samples, and hf_states.py's folders: float32 with a shuffled copy,
@@ -52,7 +43,7 @@ def made(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("acceptance")
     target = root / "target"
     args = ["--device", "cpu", "--limit-files", "30", "--seconds", "0", "--eval-chats", "2"]
-    assert load("target").main([str(target), *args]) == 0
+    assert acceptance_script("target").main([str(target), *args]) == 0
     tok = AutoTokenizer.from_pretrained(target)
     chats = [json.loads(line)["conversations"] for line in (target / "chats.jsonl").open()]
     rows, masks = [], []
@@ -69,7 +60,7 @@ def made(tmp_path_factory) -> dict[str, Path]:
     ds.set_format(type="torch")
     ds.save_to_disk(str(data))
 
-    hf = load("hf_states")
+    hf = acceptance_script("hf_states")
     common = [str(target), str(data)]
     folders = {n: root / n for n in ("hf32", "copy", "bf16", "shuffled")}
     cpu = ["--device", "cpu"]
@@ -156,7 +147,7 @@ def test_shuffled_files_permute_rows_only(made):
             assert a["hidden_states"].shape == b["hidden_states"].shape
             assert not torch.equal(a["hidden_states"], b["hidden_states"])
             # the same rows in another order, every id of a row moved together
-            order = load("hf_states").permutation(len(a["input_ids"]), 0, i)
+            order = acceptance_script("hf_states").permutation(len(a["input_ids"]), 0, i)
             assert torch.equal(b["hidden_states"], a["hidden_states"][order])
             last = "verifier_last_hidden_states"
             assert torch.equal(b[last], a[last][order])
@@ -195,7 +186,7 @@ def test_project_check_passes_them(made, capsys):
 
 
 def test_bad_input_is_one_line(made, tmp_path, capsys):
-    hf = load("hf_states")
+    hf = acceptance_script("hf_states")
     common = [str(made["target"]), str(made["data"])]
     assert hf.main([*common, str(made["hf32"]), "--device", "cpu"]) == 2
     assert hf.main([str(made["target"]), str(tmp_path), str(tmp_path / "x")]) == 2
