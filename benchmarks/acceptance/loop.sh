@@ -29,21 +29,26 @@
 #      dflash-full, the ablation, the
 #      DFlash with the causal-blocks patch off (dflash-noncausal, as vLLM < 0.26 serves it),
 #      two offline-trained EAGLE-3s, the seed-1 EAGLE-3, the EAGLE-3 on stock vLLM (plugin off),
-#      eagle3-fp8; DFlash from a copy of its config without M-RoPE only if the as-trained one
+#      eagle3-fp8, EAGLE-3 and DFlash with each reply stopped at its end-of-turn token
+#      (eagle3-stop, dflash-stop; the others generate 128 tokens a prompt); DFlash from a copy of its config without M-RoPE only if the as-trained one
 #      fails; then, with GRAPHS=1 (default 0), target and EAGLE-3 with CUDA graphs.
 #   With MTP=1 (default 0) the target gets a native MTP head first (mtp_head.py: random, as a
 #   Qwen3.5 checkpoint lays it out), speculators finetunes it (`--speculator-type mtp`) with the
 #   plugin's mtp-final-norm patch (mtp) and without (mtp-nonorm), `speculators stitch-mtp` puts
 #   each back into a copy of the target, and the accept engine serves each copy with vLLM's own
 #   MTP (`--method mtp`), beside the untrained head (mtp-random, the control).
+#   With REGEN=1 (default 0) a plain vLLM server (PORT+2) answers the training chats' user turns
+#   greedily (`speculators regenerate-responses`, 128 tokens), prepare-data keeps those rows,
+#   and EAGLE-3 and DFlash train on them too (eagle3-regen, dflash-regen: on-policy data, the
+#   target's own replies, where the others learn the corpus's).
 # Each phase's JSON lands in $ACC/results (with the trainers' own validation,
 # train-validation.json), which poll copies to $OUT/acc.
 set -uo pipefail
 ACC=${ACC:-/tmp/stash/acc}
 TARGET_S=${TARGET_S:-100}; CHATS=${CHATS:-4000}; STEPS=${STEPS:-700}; EPOCHS=${EPOCHS:-4}; PORT=${PORT:-8100}
 ABLATE=${ABLATE:-1}; REFERENCE=${REFERENCE:-1}; NOISE=${NOISE:-1}; DFLASH_FULL=${DFLASH_FULL:-0}
-FP8=${FP8:-0}; GRAPHS=${GRAPHS:-0}; PARALLEL=${PARALLEL:-1}; MTP=${MTP:-0}
-KNOBS="TARGET_S CHATS STEPS EPOCHS ABLATE REFERENCE NOISE DFLASH_FULL FP8 GRAPHS PARALLEL MTP"
+FP8=${FP8:-0}; GRAPHS=${GRAPHS:-0}; PARALLEL=${PARALLEL:-1}; MTP=${MTP:-0}; REGEN=${REGEN:-0}
+KNOBS="TARGET_S CHATS STEPS EPOCHS ABLATE REFERENCE NOISE DFLASH_FULL FP8 GRAPHS PARALLEL MTP REGEN"
 source "$(dirname "$0")/../stash.sh"  # RUNNER, the environment
 say() { echo "$(date +%T) $*" | tee -a "$ACC/status"; }
 
@@ -101,7 +106,7 @@ train_one() {  # name speculator-type extra-args...; from the folder $HS offline
   TORCHDYNAMO_DISABLE=${TRAIN_EAGER-1} timeout "${TRAIN_TIMEOUT:-900}" \
     bash $RUNNER run python3 -m speculators_hybrid.cli run -- \
     python3 -m speculators train --speculator-type "$kind" --verifier-name-or-path "$ACC/target" \
-    --data-path "$ACC/data" --save-path "$ACC/train-$name" --log-dir "$ACC/train-$name/logs" \
+    --data-path "${DATA:-$ACC/data}" --save-path "$ACC/train-$name" --log-dir "$ACC/train-$name/logs" \
     "${source[@]}" --target-layer-ids 2 4 5 \
     --total-seq-len 4096 --seed "${SEED:-0}" --max-steps "$STEPS" --epochs "$EPOCHS" --lr 1e-3 \
     --scheduler-type cosine --scheduler-warmup-steps 50 --train-data-ratio 0.98 --num-workers 4 \
@@ -138,6 +143,38 @@ start_server() {  # name port launcher-options...: sets $server (its own process
   echo "$server" > "$ACC/server-$name.pid"  # kill -- -PID stops it
 }
 
+start_plain() {  # port: a vLLM server without extraction, for regeneration; sets $server
+  setsid bash $RUNNER run python3 -m vllm.entrypoints.openai.api_server --model "$ACC/target" \
+    --port="$1" --max-model-len=1024 --max-num-seqs=256 --kv-cache-memory-bytes=$((4 << 30)) \
+    --gpu-memory-utilization=0.2 --gdn-prefill-backend=triton --enforce-eager \
+    > "$ACC/logs/server-regen.log" 2>&1 &
+  server=$!
+}
+
+regen() {  # pid port: the target's own replies to the training chats, then EAGLE-3 and DFlash
+  # trained on them; stops the plain server (its own process group) once they are written
+  local pid=$1 port=$2 rc=0
+  if wait_ready 300 "$pid" "$port"; then
+    say "regen: generating"
+    timeout 600 bash $RUNNER run python3 -m speculators regenerate-responses \
+      --endpoint "http://127.0.0.1:$port/v1/chat/completions" --model "$ACC/target" \
+      --dataset "$ACC/chats-subset.jsonl" --max-tokens 128 --concurrency 128 \
+      --sampling-params '{"temperature": 0}' --outfile "$ACC/regen.jsonl" \
+      > "$ACC/logs/regen.log" 2>&1 || rc=$?
+  else rc=1; fi
+  kill -- -"$pid" 2>/dev/null
+  say "regen: exit $rc, $(wc -l < "$ACC/regen.jsonl" 2>/dev/null || echo 0) rows"
+  [ "$rc" = 0 ] || return 1
+  rm -rf "$ACC/data-regen"
+  timeout 600 bash $RUNNER run python3 -m speculators prepare-data --model "$ACC/target" \
+    --data "$ACC/regen.jsonl" --output "$ACC/data-regen" --seq-length 512 \
+    --num-preprocessing-workers 8 > "$ACC/logs/prepare-regen.log" 2>&1 \
+    || { say "prepare-data regen: FAILED"; return 1; }
+  DATA="$ACC/data-regen" train_one eagle3-regen eagle3 --num-layers 1 & local a=$!
+  DATA="$ACC/data-regen" train_one dflash-regen dflash --num-layers 2 --block-size 4 & local b=$!
+  wait "$a" "$b"
+}
+
 stop_servers() { for p in "${servers[@]}"; do kill -- -"$p" 2>/dev/null; done; }
 
 phase_train() {
@@ -145,6 +182,8 @@ phase_train() {
   say "server: starting"
   local server servers=() fp8_port=$((PORT + 1))
   start_server file "$PORT"; servers+=("$server"); local main=$server
+  local regen_port=$((PORT + 2))
+  if wants eagle3-regen; then start_plain "$regen_port"; servers+=("$server"); local plain=$server; fi
   if wants eagle3-fp8; then start_server fp8 "$fp8_port" --hidden-states-backend fp8; servers+=("$server"); fi
   if ! wait_ready 300 "$main" "$PORT"; then say "server: FAILED"; stop_servers; return 1; fi
   say "server: ready"
@@ -160,6 +199,7 @@ phase_train() {
     > "$ACC/logs/prepare-data.log" 2>&1 || { say "prepare-data: FAILED"; stop_servers; return 1; }
   say "prepare-data: done"
   local trainers=()  # wait for these only: a bare `wait` would also wait for the server
+  if wants eagle3-regen; then regen "$plain" "$regen_port" & trainers+=($!); fi
   train_one eagle3 eagle3 --num-layers 1 & trainers+=($!)
   train_one dflash dflash --num-layers 2 --block-size 4 & trainers+=($!)
   if wants dflash-full; then  # every draft layer full: what vLLM < 0.23 serves
@@ -267,7 +307,13 @@ phase_accept() {
   [ -n "$hf32" ] && serve $rest eagle3-hf32 $a --drafter "$hf32" --method eagle3 --k 3 $args
   [ -n "$seed1" ] && serve $rest eagle3-seed1 $a --drafter "$seed1" --method eagle3 --k 3 $args
   [ -n "$eagle" ] && serve $rest eagle3-stock SPECULATORS_HYBRID_DISABLE=1 $a --drafter "$eagle" --method eagle3 --k 3 $args
+  # the replies alone, each stopped at its end-of-turn token (the others make 128 tokens each)
+  [ -n "$eagle" ] && serve $rest eagle3-stop $a --stop-at-end --drafter "$eagle" --method eagle3 --k 3 $args
+  [ -n "$dflash" ] && serve $rest dflash-stop $a --stop-at-end --drafter "$dflash" --method dflash --k 3 $args
   [ -n "$fp8" ] && serve $rest eagle3-fp8 $a --drafter "$fp8" --method eagle3 --k 3 $args
+  local regen_e regen_d; regen_e=$(latest "$ACC/train-eagle3-regen"); regen_d=$(latest "$ACC/train-dflash-regen")
+  [ -n "$regen_e" ] && serve $rest eagle3-regen $a --drafter "$regen_e" --method eagle3 --k 3 $args
+  [ -n "$regen_d" ] && serve $rest dflash-regen $a --drafter "$regen_d" --method dflash --k 3 $args
   local heldout="$ACC/target/heldout.jsonl" name  # MTP: the stitched copy is target and drafter
   for name in mtp mtp-nonorm; do
     [ -f "$ACC/stitched-$name/config.json" ] || continue
@@ -311,6 +357,7 @@ planned() {  # the drafters the knobs ask for, one a line: the one place that ma
   [ "$NOISE" = 1 ] && echo eagle3-seed1
   [ "$FP8" = 1 ] && echo eagle3-fp8
   [ "$MTP" = 1 ] && { echo mtp; echo mtp-nonorm; }
+  [ "$REGEN" = 1 ] && { echo eagle3-regen; echo dflash-regen; }
   return 0
 }
 wants() { [[ $'\n'"$(planned)"$'\n' == *$'\n'"$1"$'\n'* ]]; }  # no pipe: no SIGPIPE race

@@ -7,7 +7,8 @@ acceptance length is `1 + vllm:spec_decode_num_accepted_tokens / vllm:spec_decod
 Generation is greedy on held-out chats (the turns before the first assistant turn, then the
 assistant's turn to come), a fixed number of tokens each (`ignore_eos`), so runs with and
 without a drafter produce the same tokens and their decode rates compare: all prompts at once,
-then a few one at a time.
+then a few one at a time. `past_end_share` says how much of that came after a reply's
+end-of-turn token; `--stop-at-end` measures the replies alone.
 
     python -m speculators_hybrid.accept.engine TARGET HELDOUT.jsonl OUT.json \
         [--drafter DIR --method eagle3|dflash|mtp --k 3]
@@ -85,6 +86,27 @@ def acceptance(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def past_end(outputs: list[list[int]], ends: set[int]) -> float | None:
+    """The share of generated tokens that come after their output's first end-of-turn token:
+    text neither the target nor a drafter was trained on (generation ignores the end so that
+    every engine makes the same number of tokens)."""
+    total = sum(len(ids) for ids in outputs)
+    after = 0
+    for ids in outputs:
+        first = next((i for i, t in enumerate(ids) if t in ends), len(ids) - 1)
+        after += len(ids) - 1 - first
+    return round(after / total, 4) if total else None
+
+
+def end_ids(tokenizer: Any) -> set[int]:
+    """The tokenizer's end of sequence and, where it has one, the chat end-of-turn token."""
+    ends = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(turn, int) and turn != tokenizer.unk_token_id:
+        ends.add(turn)
+    return ends
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("target", type=Path)
@@ -98,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
     parser.add_argument(
+        "--stop-at-end",
+        action="store_true",
+        help="stop each reply at its end-of-turn token (default: --max-tokens each)",
+    )
+    parser.add_argument(
         "--gpu-memory-utilization", type=float, default=0.3, help="lower when engines share a GPU"
     )
     parser.add_argument("--max-model-len", type=int, default=2048)
@@ -110,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "k": args.k if args.drafter else 0,
         "max_tokens": args.max_tokens,
         "cuda_graphs": not args.eager,
+        "stop_at_end": args.stop_at_end,
     }
     engine: dict[str, Any] = dict(
         model=str(args.target),
@@ -146,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(report, indent=2))
         print("accept:", report["error"], file=sys.stderr)
         return 1
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=args.max_tokens, ignore_eos=not args.stop_at_end
+    )
     llm.generate(texts[:4], params, use_tqdm=False)  # warm-up, outside the timings and metrics
     warm = counts(llm.get_metrics())
     start = time.time()
@@ -165,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_tok_s=round(tokens / batch_s, 1),
         serial_tok_s=round(serial_tokens / serial_s, 1),
         output_tokens=tokens,
+        past_end_share=past_end([list(o.outputs[0].token_ids) for o in outs], end_ids(tokenizer)),
         outputs_head=[o.outputs[0].token_ids[:16] for o in outs[:4]],
     )
     args.out.write_text(json.dumps(report, indent=2))

@@ -88,7 +88,10 @@ def first(report: dict[str, Any]) -> float:
     return float(report["acceptance_per_position"][0])
 
 
-@pytest.mark.parametrize("name", ["eagle3", "dflash", "eagle3-nonorm", "eagle3-hf32", "mtp"])
+@pytest.mark.parametrize(
+    "name",
+    ["eagle3", "dflash", "eagle3-nonorm", "eagle3-hf32", "mtp", "eagle3-regen", "dflash-regen"],
+)
 def test_the_drafter_serves_and_accepts(results: Path, name: str) -> None:
     """Served as trained (DFlash: with the M-RoPE section speculators saved), drafts accepted."""
     report = served(results, name)
@@ -153,7 +156,7 @@ def test_summary(results: Path) -> None:
             name: "error" not in got[name]
             and first(got[name]) >= ISSUE_FLOOR["position_0"]
             and got[name]["acceptance_length"] >= ISSUE_FLOOR["length"]
-            for name in ("eagle3", "dflash", "mtp")
+            for name in ("eagle3", "dflash", "mtp", "eagle3-regen", "dflash-regen")
             if name in got
         },
     }

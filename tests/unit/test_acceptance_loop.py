@@ -35,7 +35,15 @@ case $args in
     echo "$$ $(value --hidden-states-backend "$@")" >> "$STUB/servers"
     [ -n "${FP8_FAILS:-}" ] && [ "$(value --hidden-states-backend "$@")" = fp8 ] && exit 1
     exec python3 "$STANDIN" "$port" ;;
-  *prepare-data*) mkdir -p "$(value --output "$@")" ;;
+  *"api_server --model"*)  # REGEN's plain server
+    echo "$$ plain" >> "$STUB/servers"; exec python3 "$STANDIN" "$(value --port "$@")" ;;
+  *regenerate-responses*)  # the plain server must answer; REGEN_FAILS: it fails
+    [ -n "${REGEN_FAILS:-}" ] && exit 3
+    endpoint=$(value --endpoint "$@")
+    python3 -c "import urllib.request as u; u.urlopen('${endpoint%/v1/*}/health')" || exit 4
+    echo '{"input_ids": [1], "loss_mask": [1]}' > "$(value --outfile "$@")" ;;
+  *prepare-data*)
+    out=$(value --output "$@"); mkdir -p "$out"; value --data "$@" > "$out/from" ;;
   *compileall*) touch "$STUB/compiled" ;;
   *importtime*)  # only once the staged packages are compiled
     [ -f "$STUB/compiled" ] && echo "import time: 1 | 2 | vllm" >&2 ;;
@@ -52,7 +60,7 @@ case $args in
     alive=""  # whether a training server still runs while this trainer starts
     while read -r pid _; do kill -0 "$pid" 2> /dev/null && alive=1; done < "$STUB/servers"
     fmt='{"off": "%s", "seed": "%s", "full": "%s", "from": "%s %s %s", "backend": "%s",'
-    fmt+=' "rope_parameters": %s, "alive": "%s", "kind": "%s", "head": "%s"}'
+    fmt+=' "rope_parameters": %s, "alive": "%s", "kind": "%s", "head": "%s", "data": "%s"}'
     head=""; [ -f "$(value --verifier-name-or-path "$@")/mtp-head" ] && head=1
     printf "$fmt" \
       "${SPECULATORS_HYBRID_DISABLED_PATCHES:-}" "$(value --seed "$@")" \
@@ -60,7 +68,7 @@ case $args in
       "$(value --on-missing "$@")" \
       "$(value --hidden-states-path "$@")" "$(value --vllm-endpoint "$@")" \
       "$(value --hidden-states-backend "$@")" '{"mrope_section": [1, 1]}' "$alive" \
-      "$(value --speculator-type "$@")" "$head" \
+      "$(value --speculator-type "$@")" "$head" "$(value --data-path "$@")" \
       > "$save/1/config.json" ;;
   *"speculators_hybrid.cli accept"*)  # the user's command, served alone: as-trained DFlash refused
     out=$(value --out "$@"); mkdir -p "$out"; echo "$args" > "$out/args"
@@ -213,12 +221,19 @@ def test_loop_ends_stops_its_server_and_runs_every_phase(
             *offline,
             *from_fp8,
             "eagle3-stock",
+            "eagle3-stop",
+            "dflash-stop",
             *(("target-graphs", "eagle3-graphs") if graphs == "1" else ()),
         )
     }, results
     side_by_side = (acc / "results" / "parallel.txt").read_text().split()
     assert "eagle3-stock" in side_by_side
     assert ("eagle3" in side_by_side) == (fp8 == "fails")  # else timed alone
+    for name in ("eagle3-stop", "dflash-stop"):  # the replies alone, beside the others
+        stop = json.loads((acc / "results" / f"accept-{name}.json").read_text())["args"]
+        assert "--stop-at-end" in stop and name in side_by_side
+    stop = json.loads((acc / "results" / "accept-eagle3-stop.json").read_text())["args"]
+    assert "train-eagle3/1 --method eagle3" in stop
     stock = json.loads((acc / "results" / "accept-eagle3-stock.json").read_text())
     assert "--eager" in stock["args"] and stock["off"] == "1"
     assert "--gpu-memory-utilization 0.1" in stock["args"]  # engines that share the GPU
@@ -347,3 +362,36 @@ def test_mtp_heads_finetunes_stitches_and_serves_the_native_head(tmp_path: Path)
     assert {"mtp", "mtp-nonorm", "mtp-random"} <= set(side_by_side)
     planned = json.loads((acc / "results" / "knobs.json").read_text())["drafters"]
     assert planned == ["eagle3", "dflash", "mtp", "mtp-nonorm"]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_regen_trains_eagle3_and_dflash_on_the_targets_own_replies(
+    tmp_path: Path, fails: bool
+) -> None:
+    """REGEN=1: a plain server answers the training chats (regenerate-responses), prepare-data
+    keeps those rows in data-regen, and eagle3-regen / dflash-regen train on them and are served;
+    the plain server is stopped. If regeneration fails, the loop goes on without them."""
+    knobs = {"REGEN": "1", "REFERENCE": "0", "ABLATE": "0", "NOISE": "0", "PARALLEL": "all"}
+    if fails:
+        knobs["REGEN_FAILS"] = "1"
+    acc, status, servers = run_loop(tmp_path, knobs)
+    assert sorted(servers.values()) == ["", "plain"]
+    assert status.index("prepare-data: done") < status.index("regen: exit")
+    trained = {
+        p.parent.parent.name: json.loads(p.read_text()) for p in acc.glob("train-*/1/config.json")
+    }
+    regen = {"train-eagle3-regen", "train-dflash-regen"}
+    assert set(trained) == {"train-eagle3", "train-dflash"} | (set() if fails else regen)
+    for name, config in trained.items():
+        assert config["data"] == str(acc / ("data-regen" if name in regen else "data"))
+    served = {p.stem[len("accept-") :] for p in (acc / "results").glob("accept-*.json")}
+    assert ("eagle3-regen" in served and "dflash-regen" in served) == (not fails)
+    if fails:
+        assert "regen: exit 3, 0 rows" in status
+    else:
+        assert "regen: exit 0, 1 rows" in status
+        assert (acc / "data-regen" / "from").read_text().strip() == str(acc / "regen.jsonl")
+        args = json.loads((acc / "results" / "accept-dflash-regen.json").read_text())["args"]
+        assert "train-dflash-regen/1 --method dflash --k 3" in args
+    planned = json.loads((acc / "results" / "knobs.json").read_text())["drafters"]
+    assert planned == ["eagle3", "dflash", "eagle3-regen", "dflash-regen"]

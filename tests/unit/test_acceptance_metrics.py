@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from speculators_hybrid.accept.engine import acceptance, counts
+from speculators_hybrid.accept.engine import acceptance, counts, end_ids, past_end
 
 
 def reading(drafts: float, accepted: float, per_pos: list[float]) -> list[SimpleNamespace]:
@@ -34,3 +34,21 @@ def test_engines_add_up_and_no_drafts_means_no_acceptance() -> None:
     none = counts([])
     got = acceptance(none, none)
     assert got["acceptance_per_position"] == [] and got["acceptance_length"] is None
+
+
+def test_the_share_of_tokens_after_the_end_of_the_reply() -> None:
+    ends = {2, 7}
+    # 3 of 4 after the end; none (no end); the end as the last token: none after it
+    assert past_end([[5, 7, 1, 1, 1], [1, 1, 1], [1, 1, 2]], ends) == round(3 / 11, 4)
+    assert past_end([[2, 2, 2]], ends) == round(2 / 3, 4)  # counted from the first end
+    assert past_end([], ends) is None
+
+
+def test_end_ids_are_eos_and_the_chat_end_of_turn() -> None:
+    vocab = {"<|im_end|>": 9}
+    tok = SimpleNamespace(
+        eos_token_id=2, unk_token_id=0, convert_tokens_to_ids=lambda t: vocab.get(t, 0)
+    )
+    assert end_ids(tok) == {2, 9}
+    vocab.clear()  # no chat end-of-turn: the unknown id is not an end
+    assert end_ids(tok) == {2}
