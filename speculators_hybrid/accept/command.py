@@ -17,6 +17,7 @@ from speculators_hybrid.usage import refuse
 
 # vLLM's speculative methods for each `speculators_model_type` a drafter's config can name
 METHODS = {"eagle3": "eagle3", "dflash": "dflash", "mtp": "mtp"}
+PAST_END_NOTE = 0.05  # a share of tokens after the replies' ends worth a line
 ENGINE = [sys.executable, "-m", "speculators_hybrid.accept.engine"]  # one engine a process
 
 
@@ -135,6 +136,7 @@ def _engine(args: argparse.Namespace, out: Path, name: str, drafter: list[str]) 
     command += ["--max-model-len", str(args.max_model_len)]
     command += ["--kv-cache-gib", str(args.kv_cache_gib)]
     command += ["--eager"] if args.eager else []
+    command += ["--stop-at-end"] if args.stop_at_end else []
     print(f"accept: {name}: one engine (its log: {log})", flush=True)
     with log.open("w") as sink:
         rc = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT).returncode
@@ -214,6 +216,12 @@ def run(args: argparse.Namespace) -> int:
     report["runs"] = runs
     (out / "report.json").write_text(json.dumps(report, indent=2))
     print(table(runs))
+    past = runs["drafter"].get("past_end_share") or 0
+    if past >= PAST_END_NOTE:  # acceptance there is measured on text nobody trained on
+        print(
+            f"accept: {past:.0%} of the tokens came after a reply's end-of-turn token; "
+            "--stop-at-end measures the replies alone"
+        )
     print(f"accept: report in {out}/report.json")
     return 0
 
@@ -257,6 +265,11 @@ def add_cli(sub: Any) -> None:
     )
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--no-baseline", action="store_true", help="skip the target alone")
+    parser.add_argument(
+        "--stop-at-end",
+        action="store_true",
+        help="stop each reply at its end-of-turn token (default: --max-tokens each)",
+    )
     parser.add_argument(
         "--out", default="accept-report", help="folder for the reports (accept-report)"
     )

@@ -35,7 +35,8 @@ if "--drafter" in args:
         json.dump({"error": error}, open(out, "w"))
         sys.exit(1)
     report = {"acceptance_per_position": [0.5, 0.25, 0.125], "acceptance_length": 1.875,
-              "batch_tok_s": 2000.0, "serial_tok_s": 120.0}
+              "batch_tok_s": 2000.0, "serial_tok_s": 120.0,
+              "past_end_share": 0.0 if "--stop-at-end" in args else 0.3}
 else:
     report = {"acceptance_per_position": [], "acceptance_length": None,
               "batch_tok_s": 4000.0, "serial_tok_s": 80.0}
@@ -145,3 +146,18 @@ def test_the_prompt_is_the_chat_up_to_the_first_assistant_turn() -> None:
         {"role": "user", "content": "def f():"},
     ]
     assert opening([{"role": "assistant", "content": "hi"}]) == []
+
+
+def test_tokens_after_the_replies_end_are_named(setup, capsys) -> None:
+    """Fixed-length replies that ran past their end-of-turn token get a line; --stop-at-end
+    reaches the engines and the line goes."""
+    drafter = ["--drafter", str(setup["run"] / "10")]
+    assert accept(setup, *drafter) == 0
+    assert "accept: 30% of the tokens came after a reply's end-of-turn token" in (
+        capsys.readouterr().out
+    )
+    (setup["tmp"] / "out" / "report.json").unlink()
+    assert accept(setup, *drafter, "--stop-at-end") == 0
+    assert "end-of-turn" not in capsys.readouterr().out
+    calls = [json.loads(line) for line in (setup["tmp"] / "args.jsonl").read_text().splitlines()]
+    assert ["--stop-at-end" in c for c in calls] == [False, False, True, True]
