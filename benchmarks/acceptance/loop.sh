@@ -30,8 +30,9 @@
 #      DFlash with the causal-blocks patch off (dflash-noncausal, as vLLM < 0.26 serves it),
 #      two offline-trained EAGLE-3s, the seed-1 EAGLE-3, the EAGLE-3 on stock vLLM (plugin off),
 #      eagle3-fp8, EAGLE-3 and DFlash with each reply stopped at its end-of-turn token
-#      (eagle3-stop, dflash-stop; the others generate 128 tokens a prompt); DFlash from a copy of its config without M-RoPE only if the as-trained one
-#      fails; then, with GRAPHS=1 (default 0), target and EAGLE-3 with CUDA graphs.
+#      (eagle3-stop, dflash-stop; the others generate 128 tokens a prompt); DFlash from a copy
+#      of its config without M-RoPE only if the as-trained one fails; then, with GRAPHS=1
+#      (default 0), target and EAGLE-3 with CUDA graphs.
 #   With MTP=1 (default 0) the target gets a native MTP head first (mtp_head.py: random, as a
 #   Qwen3.5 checkpoint lays it out), speculators finetunes it (`--speculator-type mtp`) with the
 #   plugin's mtp-final-norm patch (mtp) and without (mtp-nonorm), `speculators stitch-mtp` puts
