@@ -28,7 +28,6 @@ from speculators_hybrid.usage import refuse
 from speculators_hybrid.versions import installed
 from speculators_hybrid.vllm_patches.writer import writer_threads
 
-PROG = "speculators-hybrid launch"
 DRY_RUN = "--dry-run"
 DRY_RUN_BANNER = "Would run (--dry-run, nothing started):"
 PREFILL_ONLY = "--prefill-only"  # the default for hybrid targets; still accepted

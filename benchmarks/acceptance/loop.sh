@@ -283,6 +283,8 @@ phase_accept() {
   local seed1; seed1=$(latest "$ACC/train-eagle3-seed1")
   local dfull; dfull=$(latest "$ACC/train-dflash-full")
   local fp8; fp8=$(latest "$ACC/train-eagle3-fp8")
+  local regen_e; regen_e=$(latest "$ACC/train-eagle3-regen")
+  local regen_d; regen_d=$(latest "$ACC/train-dflash-regen")
   # PARALLEL=1 (default): the controls (acceptance only) are served at once after target, EAGLE-3
   # and DFlash alone; PARALLEL=all: every engine at once (acceptance only; GRAPHS=1 then times
   # target and EAGLE-3 alone); 0: one at a time. results/parallel.txt names those served at once.
@@ -312,7 +314,6 @@ phase_accept() {
   [ -n "$eagle" ] && serve $rest eagle3-stop $a --stop-at-end --drafter "$eagle" --method eagle3 --k 3 $args
   [ -n "$dflash" ] && serve $rest dflash-stop $a --stop-at-end --drafter "$dflash" --method dflash --k 3 $args
   [ -n "$fp8" ] && serve $rest eagle3-fp8 $a --drafter "$fp8" --method eagle3 --k 3 $args
-  local regen_e regen_d; regen_e=$(latest "$ACC/train-eagle3-regen"); regen_d=$(latest "$ACC/train-dflash-regen")
   [ -n "$regen_e" ] && serve $rest eagle3-regen $a --drafter "$regen_e" --method eagle3 --k 3 $args
   [ -n "$regen_d" ] && serve $rest dflash-regen $a --drafter "$regen_d" --method dflash --k 3 $args
   local heldout="$ACC/target/heldout.jsonl" name  # MTP: the stitched copy is target and drafter

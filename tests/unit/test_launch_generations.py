@@ -161,7 +161,7 @@ def test_bad_ids_stop_before_exec_with_the_vllm_side_message(source, name, targe
     # The message vLLM itself gives with our plugin (vllm_patches/extraction_input.py).
     ids = [3, 3, 8, 9] if source == "builtin" else [3, 3, 9, 8]  # the built-in sorts them
     message = layer_ids_error(ids, 8, str(targets[name]), False)
-    assert captured.err.strip() == f"{launch.PROG}: error: {message}"
+    assert captured.err.strip() == f"speculators-hybrid launch: error: {message}"
     assert "duplicated [3]; outside [0, 8]: [9]" in captured.err
 
 
